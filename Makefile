@@ -1,0 +1,92 @@
+# raydrop — make help lists the targets.
+#
+# Every tool is pinned and built by this Makefile into RAYDROP_CACHE, outside
+# the clone, keyed by version, so a fresh machine needs nothing but `make run`
+# and `make test`, and every clone on the machine reuses what one built.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+RAYDROP_CACHE ?= $(HOME)/.cache/raydrop
+GO ?= go
+
+KUBE_VERSION := v1.34.1
+ETCD_VERSION := v3.6.4
+KUBE_BIN := $(RAYDROP_CACHE)/kube-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
+GOLANGCI_VERSION := v2.15.0
+GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
+
+# The API tests start etcd and kube-apiserver from here (controller-runtime's envtest).
+export KUBEBUILDER_ASSETS := $(KUBE_BIN)
+export RAYDROP_CACHE
+
+GO_TEST_FLAGS ?= -race -shuffle=on -count=1
+LAYOUT_DIR := $(CURDIR)/.build/trainer-layout
+
+##@ Getting started
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: tools ## Validate and render the example job and check it against a real API server
+	$(GO) run ./cmd/raydrop validate examples/gemma3-vision.json
+	$(GO) run ./cmd/raydrop render examples/gemma3-vision.json --run-id example-run
+	$(GO) test ./pkg/manifests -run TestServerSideDryRun -count=1 -v
+
+##@ Development
+
+.PHONY: test
+test: lint go-test trainer-contract ## Everything CI runs: lint, Go tests (API server included), trainer tests and the layout contract
+
+.PHONY: go-test
+go-test: tools ## Go tests with the race detector against a real kube-apiserver + etcd
+	$(GO) test $(GO_TEST_FLAGS) ./...
+
+.PHONY: trainer-contract
+trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
+	rm -rf $(LAYOUT_DIR) && mkdir -p $(LAYOUT_DIR)
+	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test
+
+.PHONY: lint
+lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check
+	$(GOLANGCI) run ./...
+
+.PHONY: fmt
+fmt: $(GOLANGCI) ## Format the Go code
+	$(GOLANGCI) fmt ./...
+
+.PHONY: bench
+bench: ## Benchmarks that print figures
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+
+.PHONY: schema
+schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)
+	$(GO) test ./pkg/spec -run TestSchemaUpToDate -update
+
+##@ Tools (built once per machine into RAYDROP_CACHE)
+
+.PHONY: tools
+tools: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/etcd ## etcd and kube-apiserver for the API tests and the local cloud
+
+$(KUBE_BIN)/kube-apiserver:
+	@mkdir -p $(KUBE_BIN)
+	@echo "tools: building kube-apiserver $(KUBE_VERSION) (first time on this machine: about 5 minutes)"
+	cd infra/tools/kube && $(GO) build -trimpath -ldflags=-s -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	@mv $@.tmp $@
+
+$(KUBE_BIN)/etcd:
+	@mkdir -p $(KUBE_BIN)
+	@echo "tools: building etcd $(ETCD_VERSION) (first time on this machine: about 2 minutes)"
+	cd infra/tools/etcd && $(GO) build -trimpath -ldflags=-s -o $@.tmp go.etcd.io/etcd/server/v3
+	@mv $@.tmp $@
+
+$(GOLANGCI):
+	@mkdir -p $(dir $@)
+	@echo "tools: building golangci-lint $(GOLANGCI_VERSION) (first time on this machine: a few minutes)"
+	GOBIN=$(dir $@).golangci-tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_VERSION)
+	@mv $(dir $@).golangci-tmp/golangci-lint $@ && rmdir $(dir $@).golangci-tmp
+
+include trainer/trainer.mk

@@ -1,0 +1,31 @@
+// Package raydrop is the root of the raydrop module. It registers the four
+// Cloud Run functions with the Functions Framework so that each deploys from
+// the repository root with its own entry point (the Go buildpack serves only
+// functions registered by the root package):
+//
+//	Provision  intake (storage object finalized, or a request message) → RayCluster
+//	Submit     provisioned → RayJob
+//	Monitor    submitted and scheduler ticks → progress, deadlines, finished
+//	Finalize   finished → checkpoints, completion event, workers to zero
+//
+// init does no I/O: each function builds its clients on first use.
+package raydrop
+
+import (
+	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
+	// The buildpack's generated main imports funcframework; importing it here
+	// keeps the deployed dependency graph identical to the tested one.
+	_ "github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+
+	"github.com/raydrop/raydrop/functions/finalize"
+	"github.com/raydrop/raydrop/functions/monitor"
+	"github.com/raydrop/raydrop/functions/provision"
+	"github.com/raydrop/raydrop/functions/submit"
+)
+
+func init() {
+	functions.CloudEvent("Provision", provision.Serve)
+	functions.CloudEvent("Submit", submit.Serve)
+	functions.CloudEvent("Monitor", monitor.Serve)
+	functions.CloudEvent("Finalize", finalize.Serve)
+}

@@ -1,0 +1,122 @@
+// Package cli implements the raydrop command: each subcommand is a function
+// from arguments and streams to an exit code, so tests run it in process.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // the command ran and the answer is "no" (invalid spec, failed run) or it could not finish
+	ExitUsage   = 2
+)
+
+type command struct {
+	name    string
+	args    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) int
+}
+
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+func commands() []command {
+	return []command{
+		{"validate", "FILE", "check a job spec; print one 'path: problem' line per problem", runValidate},
+		{"render", "FILE [--run-id ID] [--attempt N]", "print the run's Kubernetes objects as YAML for kubectl apply -f -", runRender},
+	}
+}
+
+// Run runs the raydrop command line args and returns its exit code.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, e, args[1:])
+		}
+	}
+	fmt.Fprintf(stderr, "raydrop: unknown command %q (run 'raydrop help' for the list)\n", args[0])
+	return ExitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "raydrop runs fine-tuning jobs on Ray on GKE.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Usage: raydrop COMMAND [ARGS]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands:")
+	cs := commands()
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'raydrop COMMAND --help' for a command's flags.")
+}
+
+// newFlags makes a command's flag set with a --help that prints its usage.
+func newFlags(e *env, name, args, summary string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: raydrop %s %s\n\n%s\n", name, args, summary)
+		var b strings.Builder
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		fs.SetOutput(e.stderr)
+		if b.Len() > 0 {
+			fmt.Fprintf(fs.Output(), "\nFlags:\n%s", b.String())
+		}
+	}
+	return fs
+}
+
+// parse parses flags that may come before or after the positional
+// arguments and returns the positionals. A --help request returns
+// flag.ErrHelp after printing usage to stdout.
+func parse(e *env, fs *flag.FlagSet, args []string) ([]string, int, bool) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(e.stdout)
+				fs.Usage()
+				return nil, ExitOK, false
+			}
+			return nil, ExitUsage, false
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, 0, true
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func findCommand(name string) command {
+	for _, c := range commands() {
+		if c.name == name {
+			return c
+		}
+	}
+	panic("cli: no command " + name)
+}

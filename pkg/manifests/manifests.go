@@ -1,0 +1,347 @@
+// Package manifests builds the Kubernetes objects of a run from a validated
+// job spec: the ConfigMap that carries the trainer code, the RayCluster and
+// the RayJob. The builders are pure: no I/O, the same input gives the same
+// objects byte for byte.
+package manifests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/trainer"
+)
+
+// Fixed paths inside the Ray pods.
+const (
+	CodeMountPath  = "/code/"
+	ScriptPath     = "/code/train.py"
+	codeVolume     = "job-code"
+	scratchVolume  = "local-storage"
+	scratchPath    = "/mnt/local-ssd/"
+	headContainer  = "ray-head"
+	workerContaine = "ray-worker"
+	hfTokenEnv     = "HF_TOKEN"
+)
+
+// Run is the identity of one attempt of a run.
+type Run struct {
+	ID         string // run ID (names.RunIDFrom…)
+	Attempt    int    // 1-based
+	ResumeFrom string // checkpoint URI to resume from, or ""
+	Source     string // where the spec came from, e.g. gs://bucket/jobs/x.json#123
+	SpecHash   string
+}
+
+// checkpointURIRE allows the checkpoint URIs Ray Train writes, and nothing a
+// shell treats specially.
+var checkpointURIRE = regexp.MustCompile(`^gs://[a-z0-9][a-z0-9._-]*[a-z0-9](/[A-Za-z0-9_.:=-]+)+$`)
+
+// Validate checks a run identity before it reaches a RayJob: the run ID and
+// the resume URI end up on the trainer's command line.
+func (r Run) Validate() error {
+	if msg := spec.CheckRunID(r.ID); msg != "" {
+		return fmt.Errorf("run id %s", msg)
+	}
+	if r.Attempt < 1 {
+		return fmt.Errorf("attempt %d is out of range (allowed: 1 or more)", r.Attempt)
+	}
+	if r.ResumeFrom != "" && (!checkpointURIRE.MatchString(r.ResumeFrom) || strings.Contains(r.ResumeFrom, "/../") || strings.HasSuffix(r.ResumeFrom, "/..")) {
+		return fmt.Errorf("resume URI %q is not a gs:// checkpoint URI (allowed: gs://bucket/path of letters, digits, '_', '.', ':', '=' and '-')", r.ResumeFrom)
+	}
+	return nil
+}
+
+// Code is the trainer code as shipped to the cluster: the files and the hash
+// of their content.
+type Code struct {
+	Files map[string]string
+	Hash  string
+}
+
+// TrainerCode reads the embedded trainer files. Only the Python modules
+// travel; requirements reach the job through its runtime env.
+func TrainerCode() (Code, error) {
+	paths, err := fs.Glob(trainer.Files, "*.py")
+	if err != nil {
+		return Code{}, fmt.Errorf("list trainer files: %w", err)
+	}
+	sort.Strings(paths)
+	c := Code{Files: map[string]string{}}
+	h := sha256.New()
+	for _, p := range paths {
+		b, err := fs.ReadFile(trainer.Files, p)
+		if err != nil {
+			return Code{}, fmt.Errorf("read trainer file %s: %w", p, err)
+		}
+		c.Files[p] = string(b)
+		fmt.Fprintf(h, "%s\x00%d\x00", p, len(b))
+		h.Write(b)
+	}
+	c.Hash = hex.EncodeToString(h.Sum(nil))
+	return c, nil
+}
+
+// TrainerConfigMap is the ConfigMap holding the trainer code, named by its
+// content hash so that new code never replaces the code of a running job.
+func TrainerConfigMap(s *spec.JobSpec, code Code) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        names.TrainerConfigMap(code.Hash),
+			Namespace:   s.Cluster.Namespace,
+			Labels:      map[string]string{names.LabelManagedBy: names.ManagedBy, names.LabelComponent: "trainer"},
+			Annotations: map[string]string{names.AnnotCodeHash: code.Hash},
+		},
+		Data: code.Files,
+	}
+}
+
+// RayCluster is the spec's cluster: a CPU head and one GPU worker group on
+// the reserved nodes, with the trainer code mounted at /code/.
+func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
+	c := s.Cluster
+	cm := names.TrainerConfigMap(code.Hash)
+	head := corev1.Container{
+		Name:  headContainer,
+		Image: c.Head.Image,
+		Ports: []corev1.ContainerPort{
+			{ContainerPort: 6379, Name: "gcs"},
+			{ContainerPort: 8265, Name: "dashboard"},
+			{ContainerPort: 10001, Name: "client"},
+		},
+		Resources:    sameLimits(corev1.ResourceList{corev1.ResourceCPU: q(c.Head.CPU), corev1.ResourceEphemeralStorage: q(c.Head.EphemeralStorage), corev1.ResourceMemory: q(c.Head.Memory)}),
+		Env:          hfTokenEnvVar(s),
+		VolumeMounts: mounts(),
+	}
+	worker := corev1.Container{
+		Name:  workerContaine,
+		Image: c.Workers.Image,
+		Resources: sameLimits(corev1.ResourceList{
+			"nvidia.com/gpu":      q(strconv.Itoa(c.Workers.GPUs)),
+			corev1.ResourceCPU:    q(c.Workers.CPU),
+			corev1.ResourceMemory: q(c.Workers.Memory),
+		}),
+		Env:          hfTokenEnvVar(s),
+		VolumeMounts: mounts(),
+	}
+	return &rayv1.RayCluster{
+		TypeMeta: metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayCluster"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        c.Name,
+			Namespace:   c.Namespace,
+			Labels:      map[string]string{names.LabelManagedBy: names.ManagedBy, names.LabelComponent: "cluster"},
+			Annotations: map[string]string{names.AnnotCodeHash: code.Hash},
+		},
+		Spec: rayv1.RayClusterSpec{
+			RayVersion: c.RayVersion,
+			HeadGroupSpec: rayv1.HeadGroupSpec{
+				RayStartParams: map[string]string{"dashboard-host": "0.0.0.0"},
+				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+					ServiceAccountName: c.ServiceAccount,
+					Containers:         []corev1.Container{head},
+					Volumes:            volumes(cm),
+				}},
+			},
+			WorkerGroupSpecs: []rayv1.WorkerGroupSpec{{
+				GroupName:      c.Workers.GroupName,
+				Replicas:       ptr(int32(c.Workers.Replicas)),
+				MinReplicas:    ptr(int32(c.Workers.MinReplicas)),
+				MaxReplicas:    ptr(int32(c.Workers.MaxReplicas)),
+				RayStartParams: map[string]string{},
+				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+					ServiceAccountName: c.ServiceAccount,
+					Containers:         []corev1.Container{worker},
+					Volumes:            volumes(cm),
+					NodeSelector: map[string]string{
+						"cloud.google.com/gke-accelerator":        c.Workers.Accelerator,
+						"cloud.google.com/reservation-name":       c.Reservation,
+						"cloud.google.com/reservation-affinity":   "specific",
+						"cloud.google.com/gke-gpu-driver-version": c.Workers.GPUDriverVersion,
+					},
+				}},
+			}},
+		},
+	}
+}
+
+// RayJob is one attempt of the run: the trainer submitted to the spec's
+// cluster through clusterSelector, under a submission ID derived from the
+// run, so a retried submitter finds the job instead of starting another.
+func RayJob(s *spec.JobSpec, run Run) *rayv1.RayJob {
+	name := names.RayJob(run.ID, run.Attempt)
+	return &rayv1.RayJob{
+		TypeMeta: metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayJob"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: s.Cluster.Namespace,
+			Labels: map[string]string{
+				names.LabelManagedBy: names.ManagedBy,
+				names.LabelRunID:     run.ID,
+				names.LabelAttempt:   strconv.Itoa(run.Attempt),
+				names.LabelSpecName:  s.Name,
+			},
+			Annotations: map[string]string{
+				names.AnnotSpecHash: run.SpecHash,
+				names.AnnotSource:   run.Source,
+			},
+		},
+		Spec: rayv1.RayJobSpec{
+			Entrypoint:      Entrypoint(s, run),
+			RuntimeEnvYAML:  RuntimeEnvYAML(),
+			ClusterSelector: map[string]string{"ray.io/cluster": s.Cluster.Name},
+			JobId:           names.SubmissionID(run.ID, run.Attempt),
+		},
+	}
+}
+
+// StoragePath is Ray Train's storage_path for a run: every attempt writes
+// its experiment folder under it.
+func StoragePath(s *spec.JobSpec, runID string) string {
+	p := "gs://" + s.Output.Bucket + "/"
+	if s.Output.Prefix != "" {
+		p += s.Output.Prefix + "/"
+	}
+	return p + runID
+}
+
+// ExperimentName is Ray Train's experiment name (RunConfig.name) of an attempt.
+func ExperimentName(attempt int) string { return "attempt-" + strconv.Itoa(attempt) }
+
+// TrainerArgs is the trainer's argv after the interpreter: the fixed script
+// path, then each spec value as its own argument.
+func TrainerArgs(s *spec.JobSpec, run Run) []string {
+	t, l := s.Training, s.LoRA
+	args := []string{
+		ScriptPath,
+		"--run-id", run.ID,
+		"--storage-path", StoragePath(s, run.ID),
+		"--experiment-name", ExperimentName(run.Attempt),
+		"--model-id", s.Model.ID,
+		"--dataset-id", s.Dataset.ID,
+		"--dataset-split", s.Dataset.Split,
+		"--num-workers", itoa(t.Workers),
+		"--use-gpu", "true",
+	}
+	if t.AcceleratorType != "" {
+		args = append(args, "--accelerator-type", t.AcceleratorType)
+	}
+	args = append(args,
+		"--quantization", s.Model.Quantization,
+		"--attention", s.Model.Attention,
+		"--lora-r", itoa(l.R),
+		"--lora-alpha", itoa(l.Alpha),
+		"--lora-dropout", ftoa(l.Dropout),
+		"--lora-target-modules", l.TargetModules,
+		"--lora-vision-tower", btoa(l.VisionTower),
+		"--train-embeddings", btoa(l.TrainEmbeddings),
+		"--completion-only-loss", btoa(t.CompletionOnlyLoss),
+		"--epochs", itoa(t.Epochs),
+		"--per-device-batch-size", itoa(t.PerDeviceBatchSize),
+		"--gradient-accumulation-steps", itoa(t.GradientAccumulationSteps),
+		"--learning-rate", ftoa(t.LearningRate),
+		"--lr-scheduler", t.LRScheduler,
+		"--warmup-ratio", ftoa(t.WarmupRatio),
+		"--max-grad-norm", ftoa(t.MaxGradNorm),
+		"--max-seq-length", itoa(t.MaxSeqLength),
+		"--logging-steps", itoa(t.LoggingSteps),
+		"--save-strategy", t.SaveStrategy,
+		"--save-steps", itoa(t.SaveSteps),
+		"--gradient-checkpointing", btoa(t.GradientCheckpointing),
+		"--seed", itoa(t.Seed),
+	)
+	if t.MaxSteps > 0 {
+		args = append(args, "--max-steps", itoa(t.MaxSteps))
+	}
+	if run.ResumeFrom != "" {
+		args = append(args, "--resume-from", run.ResumeFrom)
+	}
+	return args
+}
+
+// Entrypoint is the RayJob entrypoint: KubeRay hands it to bash, and Ray's
+// job manager runs the joined words through a shell once more. Every
+// argument is shell-quoted, and the spec allows only characters no shell
+// treats specially in any value that reaches it, so both shells see the
+// same argv.
+func Entrypoint(s *spec.JobSpec, run Run) string {
+	args := append([]string{"python"}, TrainerArgs(s, run)...)
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = ShellQuote(a)
+	}
+	return strings.Join(quoted, " ")
+}
+
+// ShellQuote returns s as one POSIX shell word: unchanged when it holds only
+// characters that no shell treats specially, else in single quotes.
+func ShellQuote(s string) string {
+	if s != "" && strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/:,=@+-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
+// requirements, the single source of truth shared with its tests.
+func RuntimeEnvYAML() string {
+	var b strings.Builder
+	b.WriteString("pip:\n")
+	for _, r := range trainer.Requirements() {
+		b.WriteString("  - " + r + "\n")
+	}
+	return b.String()
+}
+
+func hfTokenEnvVar(s *spec.JobSpec) []corev1.EnvVar {
+	return []corev1.EnvVar{{
+		Name: hfTokenEnv,
+		ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: s.Cluster.HFSecret.Name},
+			Key:                  s.Cluster.HFSecret.Key,
+		}},
+	}}
+}
+
+func mounts() []corev1.VolumeMount {
+	return []corev1.VolumeMount{
+		{Name: codeVolume, MountPath: CodeMountPath},
+		{Name: scratchVolume, MountPath: scratchPath},
+	}
+}
+
+func volumes(configMap string) []corev1.Volume {
+	return []corev1.Volume{
+		{Name: codeVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: configMap},
+		}}},
+		{Name: scratchVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+}
+
+func sameLimits(l corev1.ResourceList) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{Limits: l, Requests: l.DeepCopy()}
+}
+
+// q parses a quantity the spec has already validated.
+func q(s string) resource.Quantity { return resource.MustParse(s) }
+
+func ptr[T any](v T) *T { return &v }
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+func btoa(b bool) string { return strconv.FormatBool(b) }

@@ -1,0 +1,378 @@
+package manifests_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"os/exec"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/trainer"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// fixedCode stands in for the embedded trainer so golden files do not change
+// with every edit of the trainer.
+var fixedCode = manifests.Code{
+	Files: map[string]string{"train.py": "print('train')\n"},
+	Hash:  "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+}
+
+func exampleSpec(t testing.TB) *spec.JobSpec {
+	t.Helper()
+	data, err := os.ReadFile("../../examples/gemma3-vision.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func exampleRun(s *spec.JobSpec) manifests.Run {
+	return manifests.Run{ID: "gemma3-vision-0123456789ab", Attempt: 1, Source: "gs://intake/jobs/gemma3-vision.json#1", SpecHash: s.Hash()}
+}
+
+func TestGolden(t *testing.T) {
+	s := exampleSpec(t)
+	tests := []struct {
+		name string
+		run  manifests.Run
+	}{
+		{"example", exampleRun(s)},
+		{"example-attempt-2", manifests.Run{ID: "gemma3-vision-0123456789ab", Attempt: 2, ResumeFrom: "gs://my-project-raydrop-checkpoints/raydrop/gemma3-vision-0123456789ab/attempt-1/TorchTrainer_1a2b3_00000_0_2026-11-30_10-00-00/checkpoint_000001/checkpoint", Source: "gs://intake/jobs/gemma3-vision.json#1", SpecHash: s.Hash()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := manifests.YAML(manifests.Objects(s, tt.run, fixedCode))
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "testdata/"+tt.name+".golden.yaml", out)
+		})
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -update creates it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs (go test -update rewrites it):\n%s", path, got)
+	}
+}
+
+// TestMatchesTutorial renders the example spec and compares it with the
+// tutorial's RayCluster and RayJob field for field. The only differences
+// allowed are the ones raydrop makes on purpose, each listed here.
+func TestMatchesTutorial(t *testing.T) {
+	s := exampleSpec(t)
+	run := exampleRun(s)
+	vars := map[string]string{
+		"$RAY_SA":      s.Cluster.ServiceAccount,
+		"$RESERVATION": s.Cluster.Reservation,
+		"$GCS_BUCKET":  s.Output.Bucket,
+	}
+
+	t.Run("RayCluster", func(t *testing.T) {
+		want := loadTutorial(t, "testdata/tutorial/ray_cluster.yaml", vars)
+		got := toMap(t, manifests.RayCluster(s, fixedCode))
+		// Names aside: raydrop adds labels, an annotation and the namespace,
+		// and names the code ConfigMap by its content hash (the tutorial's
+		// fixed ray-job-cm would change code under a running job).
+		stripMeta(got)
+		stripMeta(want)
+		cm := names.TrainerConfigMap(fixedCode.Hash)
+		for _, group := range []string{"headGroupSpec", "workerGroupSpecs.0"} {
+			setPath(t, want, "spec."+group+".template.spec.volumes.0.configMap.name", cm)
+		}
+		// KubeRay's typed WorkerGroupSpec always carries scaleStrategy.
+		deletePath(got, "spec.workerGroupSpecs.0.scaleStrategy")
+		// The tutorial's empty "metadata:" is null; the typed object's is {}.
+		deletePath(got, "spec.headGroupSpec.template.metadata")
+		deletePath(got, "spec.workerGroupSpecs.0.template.metadata")
+		deletePath(want, "spec.headGroupSpec.template.metadata")
+		compare(t, got, want)
+	})
+
+	t.Run("RayJob", func(t *testing.T) {
+		want := loadTutorial(t, "testdata/tutorial/ray_job.yaml", vars)
+		got := toMap(t, manifests.RayJob(s, run))
+		stripMeta(got)
+		stripMeta(want)
+		// raydrop's own trainer replaces the tutorial's script (same job,
+		// without its defects), so the entrypoint's arguments differ; both
+		// run a Python script from the code mount.
+		gotEP := get(t, got, "spec.entrypoint").(string)
+		wantEP := get(t, want, "spec.entrypoint").(string)
+		if !strings.HasPrefix(gotEP, "python "+manifests.ScriptPath+" ") || !strings.HasPrefix(wantEP, "python /code/") {
+			t.Errorf("entrypoints do not both run a script from /code/: %q vs %q", gotEP, wantEP)
+		}
+		deletePath(got, "spec.entrypoint")
+		deletePath(want, "spec.entrypoint")
+		// A submission ID derived from the run, so a retried submitter
+		// never starts the job twice.
+		if get(t, got, "spec.jobId") != names.SubmissionID(run.ID, run.Attempt) {
+			t.Errorf("jobId = %v", get(t, got, "spec.jobId"))
+		}
+		deletePath(got, "spec.jobId")
+		compare(t, got, want)
+	})
+}
+
+func loadTutorial(t *testing.T, path string, vars map[string]string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	for k, v := range vars {
+		text = strings.ReplaceAll(text, k, v)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal([]byte(text), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func toMap(t *testing.T, o runtime.Object) map[string]any {
+	t.Helper()
+	out, err := manifests.YAML([]runtime.Object{o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func stripMeta(m map[string]any) {
+	meta := m["metadata"].(map[string]any)
+	delete(meta, "name")
+	delete(meta, "namespace")
+	delete(meta, "labels")
+	delete(meta, "annotations")
+}
+
+func walk(m map[string]any, path string, create bool) (map[string]any, string) {
+	parts := strings.Split(path, ".")
+	var cur any = m
+	for _, p := range parts[:len(parts)-1] {
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[p]
+		case []any:
+			i := 0
+			for _, ch := range p {
+				i = i*10 + int(ch-'0')
+			}
+			cur = c[i]
+		}
+	}
+	mm, _ := cur.(map[string]any)
+	return mm, parts[len(parts)-1]
+}
+
+func get(t *testing.T, m map[string]any, path string) any {
+	t.Helper()
+	parent, key := walk(m, path, false)
+	if parent == nil {
+		t.Fatalf("no %s", path)
+	}
+	return parent[key]
+}
+
+func setPath(t *testing.T, m map[string]any, path string, v any) {
+	t.Helper()
+	parent, key := walk(m, path, false)
+	if parent == nil {
+		t.Fatalf("no %s", path)
+	}
+	parent[key] = v
+}
+
+func deletePath(m map[string]any, path string) {
+	if parent, key := walk(m, path, false); parent != nil {
+		delete(parent, key)
+	}
+}
+
+func compare(t *testing.T, got, want map[string]any) {
+	t.Helper()
+	if reflect.DeepEqual(got, want) {
+		return
+	}
+	g, _ := yaml.Marshal(got)
+	w, _ := yaml.Marshal(want)
+	t.Errorf("rendered object differs from the tutorial's:\n--- raydrop\n%s--- tutorial\n%s", g, w)
+}
+
+// TestRuntimeEnvFromRequirements checks that the RayJob's pip list is the
+// trainer's requirements file, line for line.
+func TestRuntimeEnvFromRequirements(t *testing.T) {
+	reqs := trainer.Requirements()
+	if len(reqs) < 5 {
+		t.Fatalf("requirements: %v", reqs)
+	}
+	var env struct {
+		Pip []string `json:"pip"`
+	}
+	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML()), &env); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(env.Pip, reqs) {
+		t.Errorf("runtime env pip = %v, requirements = %v", env.Pip, reqs)
+	}
+	for _, r := range reqs {
+		if !strings.Contains(r, "==") {
+			t.Errorf("requirement %q is not pinned with ==", r)
+		}
+	}
+}
+
+func TestTrainerCode(t *testing.T) {
+	code, err := manifests.TrainerCode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := code.Files["train.py"]; !ok {
+		t.Fatalf("train.py not embedded; files: %v", keys(code.Files))
+	}
+	size := 0
+	for k, v := range code.Files {
+		if strings.Contains(k, "/") {
+			t.Errorf("embedded file %q is not flat (ConfigMap keys cannot hold '/')", k)
+		}
+		size += len(v)
+	}
+	// A ConfigMap holds at most 1 MiB.
+	if size > 900<<10 {
+		t.Errorf("trainer code is %d bytes, too close to the 1 MiB ConfigMap limit", size)
+	}
+	again, _ := manifests.TrainerCode()
+	if again.Hash != code.Hash {
+		t.Error("trainer code hash is not deterministic")
+	}
+}
+
+func keys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestNamesWithinKubeRayLimits(t *testing.T) {
+	s := exampleSpec(t)
+	long := strings.Repeat("a", names.MaxRunIDLength)
+	for attempt := 1; attempt <= s.Limits.Retries+10; attempt++ {
+		job := manifests.RayJob(s, manifests.Run{ID: long, Attempt: attempt})
+		if n := len(job.Name); n > 47 {
+			t.Errorf("RayJob name %q is %d characters (KubeRay allows 47)", job.Name, n)
+		}
+	}
+}
+
+// TestEntrypointSplitsAsArgv runs the rendered entrypoint through bash, the
+// way KubeRay's submitter does, and again through the shell that Ray's job
+// manager uses on the joined words, and checks both see the intended argv.
+func TestEntrypointSplitsAsArgv(t *testing.T) {
+	s := exampleSpec(t)
+	run := exampleRun(s)
+	checkArgv(t, s, run)
+}
+
+// FuzzEntrypoint sets a spec field to arbitrary text. Whenever the spec still
+// validates, the entrypoint must split into exactly the intended argv under
+// both shells, and never carry anything shaped like a token.
+func FuzzEntrypoint(f *testing.F) {
+	seeds := []string{"train", "a b", "$(id)", "`id`", "x;y", "a'b", `a"b`, "*", "~", "a\nb", "-rf", "hf_abcdefghijklmnopqrstuvwxyz0123456789", "{a,b}", "a=b", "!!", "\\", ""}
+	for i, s := range seeds {
+		f.Add(uint8(i), s)
+	}
+	f.Fuzz(func(t *testing.T, field uint8, value string) {
+		s := spec.Defaults()
+		s.Cluster.ServiceAccount, s.Cluster.Reservation, s.Output.Bucket = "ray-sa", "res", "my-bucket"
+		run := manifests.Run{ID: "run-1", Attempt: 1}
+		switch field % 9 {
+		case 0:
+			s.Model.ID = value
+		case 1:
+			s.Dataset.ID = value
+		case 2:
+			s.Dataset.Split = value
+		case 3:
+			s.LoRA.TargetModules = value
+		case 4:
+			s.Training.AcceleratorType = value
+		case 5:
+			s.Output.Prefix = value
+		case 6:
+			s.Output.Bucket = value
+		case 7:
+			s.Training.LRScheduler = value
+		case 8:
+			run.ResumeFrom = value // not a spec field: quoting alone must hold
+		}
+		if s.Validate() != nil || run.Validate() != nil {
+			return
+		}
+		if spec.LooksLikeSecret(manifests.Entrypoint(&s, run)) {
+			t.Fatalf("entrypoint carries a token-shaped string: %q", manifests.Entrypoint(&s, run))
+		}
+		checkArgv(t, &s, run)
+	})
+}
+
+func checkArgv(t *testing.T, s *spec.JobSpec, run manifests.Run) {
+	t.Helper()
+	ep := manifests.Entrypoint(s, run)
+	want := append([]string{"python"}, manifests.TrainerArgs(s, run)...)
+	first := shellSplit(t, ep)
+	if !reflect.DeepEqual(first, want) {
+		t.Fatalf("bash splits the entrypoint into\n%q\nwant\n%q", first, want)
+	}
+	second := shellSplit(t, strings.Join(first, " "))
+	if !reflect.DeepEqual(second, want) {
+		t.Fatalf("re-splitting the joined argv gives\n%q\nwant\n%q", second, want)
+	}
+}
+
+// shellSplit asks bash how it splits cmd: python is a function that prints
+// its arguments, so nothing runs.
+func shellSplit(t *testing.T, cmd string) []string {
+	t.Helper()
+	script := `python() { printf 'python\0'; printf '%s\0' "$@"; }; ` + cmd
+	out, err := exec.Command("bash", "-c", script).Output()
+	if err != nil {
+		t.Fatalf("bash -c %q: %v", cmd, err)
+	}
+	parts := strings.Split(string(out), "\x00")
+	return parts[:len(parts)-1]
+}

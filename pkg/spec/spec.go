@@ -1,0 +1,227 @@
+// Package spec defines raydrop's job spec: the JSON document a user drops into
+// the intake bucket's jobs/ folder or publishes to the requests topic. It
+// decodes strictly, fills every default from the reference workload (Google's
+// Gemma 3 vision fine-tune with Ray on GKE), validates every field against an
+// allowlist and reports every problem at once, and generates the JSON Schema
+// editors use.
+//
+// The rules live in one place: the `spec` struct tags below drive the
+// validator, the generated schema and the documentation alike.
+package spec
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+)
+
+// APIVersion is the only job spec format this build accepts.
+const APIVersion = "raydrop.dev/v1"
+
+// Kind names the document type inside APIVersion.
+const Kind = "FineTuneJob"
+
+// MaxBytes is the largest spec accepted, in bytes.
+const MaxBytes = 256 << 10
+
+// JobSpec is a fine-tuning job. Every field except cluster.serviceAccount,
+// cluster.reservation and output.bucket has a default; the defaults reproduce
+// the reference workload.
+type JobSpec struct {
+	Schema     string `json:"$schema,omitempty" spec:"optional,max=512" doc:"JSON Schema of this document, for editors; ignored."`
+	APIVersion string `json:"apiVersion" spec:"required,enum=raydrop.dev/v1" doc:"Format version of this document."`
+	Kind       string `json:"kind" spec:"enum=FineTuneJob" doc:"Document type."`
+	Name       string `json:"name" spec:"kind=label,max=40,optional" doc:"Human name of the job; shown in events and used in labels. Defaults to the object's base name."`
+	RunID      string `json:"runId,omitempty" spec:"kind=runid,optional" doc:"Caller-chosen idempotency key for requests published to the topic: the same runId is the same run."`
+
+	Model    Model    `json:"model" doc:"The base model."`
+	Dataset  Dataset  `json:"dataset" doc:"The training data."`
+	LoRA     LoRA     `json:"lora" doc:"The LoRA adapter."`
+	Training Training `json:"training" doc:"Hyper-parameters and scaling."`
+	Cluster  Cluster  `json:"cluster" doc:"The KubeRay RayCluster the job runs on."`
+	Output   Output   `json:"output" doc:"Where checkpoints are written."`
+	Limits   Limits   `json:"limits" doc:"Deadlines and retries."`
+}
+
+// Model selects the base model and how it is loaded.
+type Model struct {
+	ID           string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face model repository id."`
+	Attention    string `json:"attention" spec:"enum=sdpa|eager" doc:"Attention implementation; the reference used eager."`
+	Quantization string `json:"quantization" spec:"enum=none|4bit" doc:"Base weight quantisation; 4bit is QLoRA (bitsandbytes NF4) as in the reference, none keeps bf16 weights."`
+}
+
+// Dataset selects the training data.
+type Dataset struct {
+	ID    string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face dataset repository id with columns 'Product Name', 'Category', 'image' and 'description'."`
+	Split string `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
+}
+
+// LoRA configures the adapter.
+type LoRA struct {
+	R               int     `json:"r" spec:"min=1,max=1024" doc:"Adapter rank."`
+	Alpha           int     `json:"alpha" spec:"min=1,max=4096" doc:"Adapter scaling alpha."`
+	Dropout         float64 `json:"dropout" spec:"min=0,max=0.9" doc:"Adapter dropout probability."`
+	TargetModules   string  `json:"targetModules" spec:"kind=modules,max=256" doc:"PEFT target modules: all-linear, or a comma-separated list of module names."`
+	VisionTower     bool    `json:"visionTower" doc:"Also adapt the SigLIP vision tower (the reference did, through all-linear)."`
+	TrainEmbeddings bool    `json:"trainEmbeddings" doc:"Train full copies of the token embedding and LM head (the reference's modules_to_save)."`
+}
+
+// Training holds the optimiser settings and the Ray Train scaling.
+type Training struct {
+	Epochs                    int     `json:"epochs" spec:"min=1,max=1000" doc:"Passes over the dataset."`
+	MaxSteps                  int     `json:"maxSteps" spec:"min=0,max=10000000" doc:"Stop after this many optimizer steps; 0 means no limit."`
+	PerDeviceBatchSize        int     `json:"perDeviceBatchSize" spec:"min=1,max=1024" doc:"Examples per GPU per micro-batch."`
+	GradientAccumulationSteps int     `json:"gradientAccumulationSteps" spec:"min=1,max=1024" doc:"Micro-batches per optimizer step."`
+	LearningRate              float64 `json:"learningRate" spec:"gt=0,max=1" doc:"Peak learning rate."`
+	LRScheduler               string  `json:"lrScheduler" spec:"enum=constant|constant_with_warmup|linear|cosine" doc:"Learning-rate schedule; warmupRatio applies to every schedule."`
+	WarmupRatio               float64 `json:"warmupRatio" spec:"min=0,max=0.5" doc:"Share of the steps spent warming up."`
+	MaxGradNorm               float64 `json:"maxGradNorm" spec:"min=0,max=1000" doc:"Gradient clipping norm; 0 disables clipping."`
+	MaxSeqLength              int     `json:"maxSeqLength" spec:"min=16,max=131072" doc:"Longest tokenised example, image tokens included; longer ones are truncated."`
+	LoggingSteps              int     `json:"loggingSteps" spec:"min=1,max=100000" doc:"Optimizer steps between metric reports."`
+	SaveStrategy              string  `json:"saveStrategy" spec:"enum=epoch|steps|no" doc:"When to write a checkpoint."`
+	SaveSteps                 int     `json:"saveSteps" spec:"min=1,max=10000000" doc:"Optimizer steps between checkpoints when saveStrategy is steps."`
+	GradientCheckpointing     bool    `json:"gradientCheckpointing" doc:"Recompute activations in the backward pass to save memory."`
+	CompletionOnlyLoss        bool    `json:"completionOnlyLoss" doc:"Compute the loss on the assistant's answer only; false also trains on the prompt, as the reference did."`
+	Seed                      int     `json:"seed" spec:"min=0,max=2147483647" doc:"Random seed."`
+	Workers                   int     `json:"workers" spec:"min=1,max=4096" doc:"Ray Train workers, one per GPU."`
+	AcceleratorType           string  `json:"acceleratorType" spec:"kind=token,max=32,optional" doc:"Ray accelerator type the workers require (empty: any GPU)."`
+}
+
+// Cluster describes the RayCluster: the head, the GPU worker group and where
+// its pods may run.
+type Cluster struct {
+	Name           string     `json:"name" spec:"kind=dns1035,max=53" doc:"RayCluster name; runs naming the same cluster queue behind each other."`
+	Namespace      string     `json:"namespace" spec:"kind=dns1123,max=63" doc:"Kubernetes namespace of the cluster and the jobs."`
+	RayVersion     string     `json:"rayVersion" spec:"kind=version" doc:"Ray version of the images."`
+	ServiceAccount string     `json:"serviceAccount" spec:"required,kind=dns1123,max=63" doc:"Kubernetes service account of the Ray pods, bound by Workload Identity to a Google service account that may write output.bucket."`
+	Reservation    string     `json:"reservation" spec:"required,kind=reservation" doc:"Compute Engine reservation that holds the GPU nodes."`
+	HFSecret       SecretRef  `json:"hfSecret" doc:"Kubernetes Secret holding the Hugging Face token; the token itself never appears in a spec."`
+	Head           Head       `json:"head" doc:"The Ray head pod."`
+	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
+}
+
+// SecretRef names a key of a Kubernetes Secret.
+type SecretRef struct {
+	Name string `json:"name" spec:"kind=dns1123,max=63" doc:"Secret name."`
+	Key  string `json:"key" spec:"kind=secretkey,max=253" doc:"Key inside the Secret."`
+}
+
+// Head sizes the Ray head pod.
+type Head struct {
+	Image            string `json:"image" spec:"kind=image" doc:"Head container image."`
+	CPU              string `json:"cpu" spec:"kind=quantity" doc:"CPU request and limit."`
+	Memory           string `json:"memory" spec:"kind=quantity" doc:"Memory request and limit."`
+	EphemeralStorage string `json:"ephemeralStorage" spec:"kind=quantity" doc:"Ephemeral storage request and limit."`
+}
+
+// WorkerPool sizes the GPU worker group and places it on the reserved nodes.
+type WorkerPool struct {
+	GroupName        string `json:"groupName" spec:"kind=dns1123,max=63" doc:"Worker group name."`
+	Image            string `json:"image" spec:"kind=image" doc:"Worker container image."`
+	Replicas         int    `json:"replicas" spec:"min=0,max=1000" doc:"Worker pods (nodes) while a run is active."`
+	MinReplicas      int    `json:"minReplicas" spec:"min=0,max=1000" doc:"Lower bound for the autoscaler while a run is active."`
+	MaxReplicas      int    `json:"maxReplicas" spec:"min=1,max=1000" doc:"Upper bound for the autoscaler."`
+	GPUs             int    `json:"gpus" spec:"min=1,max=16" doc:"GPUs per worker pod."`
+	CPU              string `json:"cpu" spec:"kind=quantity" doc:"CPU request and limit per worker."`
+	Memory           string `json:"memory" spec:"kind=quantity" doc:"Memory request and limit per worker."`
+	Accelerator      string `json:"accelerator" spec:"kind=label,max=63" doc:"GKE accelerator node label value."`
+	GPUDriverVersion string `json:"gpuDriverVersion" spec:"enum=latest|default|disabled" doc:"GKE GPU driver version node label value."`
+}
+
+// Output says where Ray Train writes the run's checkpoints.
+type Output struct {
+	Bucket string `json:"bucket" spec:"required,kind=bucket" doc:"Cloud Storage bucket for checkpoints; the Ray service account must be able to write it."`
+	Prefix string `json:"prefix" spec:"kind=prefix,max=512,optional" doc:"Object prefix under the bucket; a run writes to gs://bucket/prefix/<runId>/."`
+}
+
+// Limits bounds how long a run may take and how often it is retried.
+type Limits struct {
+	Deadline      Duration `json:"deadline" spec:"min=1m,max=168h" doc:"Longest a run may take from submission to its end."`
+	StartDeadline Duration `json:"startDeadline" spec:"min=1m,max=24h" doc:"Longest a submitted job may take to start running."`
+	Retries       int      `json:"retries" spec:"min=0,max=10" doc:"Retries after a failure outside the training code (lost head or worker, preempted node); each resumes from the latest checkpoint."`
+}
+
+// Defaults returns the spec of the reference workload, without the three
+// values every project must choose.
+func Defaults() JobSpec {
+	return JobSpec{
+		APIVersion: APIVersion,
+		Kind:       Kind,
+		Model: Model{
+			ID:           "google/gemma-3-4b-it",
+			Attention:    "sdpa",
+			Quantization: "none",
+		},
+		Dataset: Dataset{
+			ID:    "philschmid/amazon-product-descriptions-vlm",
+			Split: "train",
+		},
+		LoRA: LoRA{
+			R:             16,
+			Alpha:         16,
+			Dropout:       0.05,
+			TargetModules: "all-linear",
+		},
+		Training: Training{
+			Epochs:                    3,
+			PerDeviceBatchSize:        1,
+			GradientAccumulationSteps: 4,
+			LearningRate:              2e-4,
+			LRScheduler:               "constant",
+			WarmupRatio:               0.03,
+			MaxGradNorm:               0.3,
+			MaxSeqLength:              512,
+			LoggingSteps:              10,
+			SaveStrategy:              "epoch",
+			SaveSteps:                 100,
+			GradientCheckpointing:     true,
+			CompletionOnlyLoss:        true,
+			Seed:                      42,
+			Workers:                   16,
+			AcceleratorType:           "B200",
+		},
+		Cluster: Cluster{
+			Name:       "gemma3-tuning",
+			Namespace:  "default",
+			RayVersion: "2.48.0",
+			HFSecret:   SecretRef{Name: "hf-secret", Key: "hf_api_token"},
+			Head: Head{
+				Image:            "rayproject/ray:2.48.0",
+				CPU:              "24",
+				Memory:           "64Gi",
+				EphemeralStorage: "9Gi",
+			},
+			Workers: WorkerPool{
+				GroupName:        "gpu-group",
+				Image:            "rayproject/ray:2.48.0-gpu",
+				Replicas:         2,
+				MinReplicas:      1,
+				MaxReplicas:      5,
+				GPUs:             8,
+				CPU:              "80",
+				Memory:           "320Gi",
+				Accelerator:      "nvidia-b200",
+				GPUDriverVersion: "latest",
+			},
+		},
+		Output: Output{Prefix: "raydrop"},
+		Limits: Limits{
+			Deadline:      Duration(24 * hour),
+			StartDeadline: Duration(30 * minute),
+			Retries:       1,
+		},
+	}
+}
+
+// Hash identifies the effective spec, defaults included: two specs with the
+// same hash train the same way.
+func (s *JobSpec) Hash() string {
+	c := *s
+	c.Schema, c.RunID = "", "" // neither changes the training
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // a JobSpec always marshals
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}

@@ -1,0 +1,75 @@
+package raydrop
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+type goPackage struct {
+	ImportPath string
+	Name       string
+	Doc        string
+	Deps       []string
+}
+
+func listPackages(t *testing.T, args ...string) []goPackage {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list", "-json"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []goPackage
+	for dec.More() {
+		var p goPackage
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// TestPackagesHaveDocs requires a package comment on every package.
+func TestPackagesHaveDocs(t *testing.T) {
+	for _, p := range listPackages(t, "./...") {
+		if strings.TrimSpace(p.Doc) == "" {
+			t.Errorf("package %s has no doc comment", p.ImportPath)
+		}
+	}
+}
+
+// TestFunctionDependencies keeps the deployed functions lean: they use
+// KubeRay's API types and clientset, never its controllers or a controller
+// runtime, and no test infrastructure.
+func TestFunctionDependencies(t *testing.T) {
+	forbidden := []string{
+		"github.com/ray-project/kuberay/ray-operator/controllers",
+		"sigs.k8s.io/controller-runtime",
+		"github.com/raydrop/raydrop/pkg/kubetest",
+		"testing",
+	}
+	for _, p := range listPackages(t, "-deps=false", ".") {
+		if !contains(p.Deps, "github.com/GoogleCloudPlatform/functions-framework-go/funcframework") {
+			t.Fatalf("dependency list of %s looks wrong: %v", p.ImportPath, p.Deps)
+		}
+		for _, d := range p.Deps {
+			for _, f := range forbidden {
+				if d == f || strings.HasPrefix(d, f+"/") {
+					t.Errorf("the deployed functions depend on %s", d)
+				}
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

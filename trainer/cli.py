@@ -1,0 +1,157 @@
+"""Command line of the raydrop trainer.
+
+The Go side passes every flag as two argv tokens (``--flag value``) and
+booleans as ``true``/``false``; the names here are a contract with it.
+This module imports nothing heavy so that parsing is instant and testable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Optional, Sequence
+
+RUN_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+# Flags whose value changes the trained model. Each default is the better
+# choice; the reference tutorial's behaviour is the other value.
+TUTORIAL_MODEL_CHOICES = {
+    "quantization": "4bit",
+    "attention": "eager",
+    "lora_vision_tower": True,
+    "train_embeddings": True,
+    "completion_only_loss": False,
+    "gradient_checkpointing": True,
+}
+
+
+def parse_bool(value: str) -> bool:
+    """Parse the booleans the Go side writes (true/false), leniently."""
+    v = str(value).strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return n
+
+
+def _unit_float(value: str) -> float:
+    f = float(value)
+    if not 0.0 <= f < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value!r}")
+    return f
+
+
+def _run_id(value: str) -> str:
+    if not RUN_ID_RE.match(value):
+        raise argparse.ArgumentTypeError(f"run id must match {RUN_ID_RE.pattern}, got {value!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train.py",
+        description="raydrop: LoRA fine-tuning of Gemma 3 on image+text data with TRL under Ray Train.",
+    )
+    g = p.add_argument_group("run")
+    g.add_argument("--run-id", type=_run_id, default="local", help="raydrop run id, [a-z0-9-]")
+    g.add_argument("--storage-path", required=True, help="Ray RunConfig.storage_path (gs://... or a local path)")
+    g.add_argument("--experiment-name", default="", help="Ray RunConfig.name (default raydrop-<run-id>)")
+    g.add_argument("--resume-from", default="", help="checkpoint URI or path to continue from")
+
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model-id", default="google/gemma-3-4b-it", help="HF repo id or local directory")
+    g.add_argument("--dataset-id", default="philschmid/amazon-product-descriptions-vlm",
+                   help="HF repo id or local path (datasets.load_from_disk or load_dataset)")
+    g.add_argument("--dataset-split", default="train")
+    g.add_argument("--quantization", choices=("none", "4bit"), default="none",
+                   help="none: bf16 weights; 4bit: bitsandbytes NF4 with double quantisation (QLoRA)")
+    g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    g.add_argument("--max-seq-length", type=_positive_int, default=512,
+                   help="samples longer than this (image tokens included) are left out")
+    g.add_argument("--dataloader-num-workers", type=_non_negative_int, default=4,
+                   help="processes decoding images per training worker (0: in the training process)")
+
+    g = p.add_argument_group("LoRA")
+    g.add_argument("--lora-r", type=_positive_int, default=16)
+    g.add_argument("--lora-alpha", type=_positive_int, default=16)
+    g.add_argument("--lora-dropout", type=_unit_float, default=0.05)
+    g.add_argument("--lora-target-modules", default="all-linear",
+                   help="'all-linear' or a comma-separated list of module names")
+    g.add_argument("--lora-vision-tower", type=parse_bool, default=False,
+                   help="also put adapters on the SigLIP vision tower")
+    g.add_argument("--train-embeddings", type=parse_bool, default=False,
+                   help="train full copies of embed_tokens and lm_head (PEFT modules_to_save)")
+    g.add_argument("--completion-only-loss", type=parse_bool, default=True,
+                   help="loss on the assistant's answer only (false: every token but pad and image tokens)")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=float, default=3.0)
+    g.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; -1: run --epochs")
+    g.add_argument("--per-device-batch-size", type=_positive_int, default=1)
+    g.add_argument("--gradient-accumulation-steps", type=_positive_int, default=4)
+    g.add_argument("--learning-rate", type=float, default=2e-4)
+    g.add_argument("--lr-scheduler", default="constant",
+                   help="a transformers scheduler name; constant with a warmup ratio means constant_with_warmup")
+    g.add_argument("--warmup-ratio", type=_unit_float, default=0.03)
+    g.add_argument("--max-grad-norm", type=float, default=0.3)
+    g.add_argument("--gradient-checkpointing", type=parse_bool, default=False)
+    g.add_argument("--seed", type=int, default=42)
+
+    g = p.add_argument_group("logging and checkpoints")
+    g.add_argument("--logging-steps", type=_positive_int, default=10)
+    g.add_argument("--save-strategy", choices=("epoch", "steps", "no"), default="epoch")
+    g.add_argument("--save-steps", type=_positive_int, default=100)
+
+    g = p.add_argument_group("cluster")
+    g.add_argument("--num-workers", type=_positive_int, default=16)
+    g.add_argument("--use-gpu", type=parse_bool, default=True)
+    g.add_argument("--accelerator-type", default="", help="Ray accelerator type, e.g. B200 (empty: any)")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.experiment_name:
+        args.experiment_name = f"raydrop-{args.run_id}"
+    if "/" in args.experiment_name or args.experiment_name in (".", ".."):
+        parser.error(f"--experiment-name must be a single path segment, got {args.experiment_name!r}")
+    if args.max_steps == 0 or args.max_steps < -1:
+        parser.error("--max-steps must be -1 (unset) or >= 1")
+    if args.quantization == "4bit" and not args.use_gpu:
+        parser.error("--quantization 4bit needs --use-gpu true (bitsandbytes 4-bit kernels are CUDA only)")
+    args.resume_from = args.resume_from or None
+    return args
+
+
+def effective_lr_scheduler(name: str, warmup_ratio: float) -> str:
+    """transformers' "constant" schedule ignores warmup; honour a warmup request."""
+    if name == "constant" and warmup_ratio > 0:
+        return "constant_with_warmup"
+    return name
+
+
+def lora_target_modules(value: str):
+    """'all-linear' stays a string (PEFT's keyword); anything else is a list of names."""
+    value = value.strip()
+    if value == "all-linear":
+        return value
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise ValueError("--lora-target-modules is empty")
+    return names

@@ -1,0 +1,80 @@
+"""Shared fixtures: offline environment, the tiny model and dataset, a local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TRAINER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Nothing may reach the network; set before transformers/datasets are imported.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_TRAIN_V2_ENABLED": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+}
+os.environ.update(OFFLINE_ENV)
+os.environ.pop("HF_TOKEN", None)
+
+for p in (TRAINER_DIR, TESTS_DIR):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory):
+    """Paths of the saved tiny model (with processor) and the toy dataset."""
+    import tiny
+
+    root = tmp_path_factory.mktemp("assets")
+    model = tiny.save_model(str(root / "model"))
+    dataset = tiny.save_dataset(str(root / "dataset"))
+    return {"model": model, "dataset": dataset}
+
+
+@pytest.fixture(scope="session")
+def processor(assets):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(assets["model"], use_fast=True)
+
+
+@pytest.fixture(scope="session")
+def dataset(assets):
+    import data
+
+    return data.load_rows(assets["dataset"], "train")
+
+
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory):
+    """A local Ray cluster, shared by the tests that run Ray Train for real.
+
+    Its workers inherit this process's environment, which deliberately does not
+    put the trainer directory on PYTHONPATH: as on the cluster, the workers get
+    the trainer's code from the driver.
+    """
+    import shutil
+    import tempfile
+
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="rd-ray-", dir="/tmp")  # Unix socket paths must stay short
+    ctx = ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+        _temp_dir=temp_dir,
+    )
+    yield ctx.address_info["address"]
+    ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,0 +1,76 @@
+"""The flag contract with the Go side."""
+
+from __future__ import annotations
+
+import pytest
+
+import cli
+
+CONTRACT_ARGV = [
+    "--run-id", "r-1", "--storage-path", "gs://b/raydrop/checkpoints", "--experiment-name", "exp",
+    "--model-id", "google/gemma-3-4b-it", "--dataset-id", "philschmid/amazon-product-descriptions-vlm",
+    "--dataset-split", "train", "--num-workers", "16", "--use-gpu", "true", "--accelerator-type", "B200",
+    "--quantization", "none", "--attention", "sdpa", "--lora-r", "16", "--lora-alpha", "16",
+    "--lora-dropout", "0.05", "--lora-target-modules", "all-linear", "--lora-vision-tower", "false",
+    "--train-embeddings", "false", "--completion-only-loss", "true", "--epochs", "3",
+    "--per-device-batch-size", "1", "--gradient-accumulation-steps", "4", "--learning-rate", "0.0002",
+    "--lr-scheduler", "constant", "--warmup-ratio", "0.03", "--max-grad-norm", "0.3",
+    "--max-seq-length", "512", "--logging-steps", "10", "--save-strategy", "epoch", "--save-steps", "100",
+    "--gradient-checkpointing", "true", "--seed", "42", "--max-steps", "-1", "--resume-from", "gs://b/x",
+]
+
+
+def test_contract_argv_parses():
+    a = cli.parse_args(CONTRACT_ARGV)
+    assert a.run_id == "r-1" and a.storage_path == "gs://b/raydrop/checkpoints" and a.experiment_name == "exp"
+    assert a.num_workers == 16 and a.use_gpu is True and a.accelerator_type == "B200"
+    assert a.lora_vision_tower is False and a.train_embeddings is False and a.completion_only_loss is True
+    assert a.gradient_checkpointing is True and a.max_steps == -1 and a.resume_from == "gs://b/x"
+    assert a.learning_rate == pytest.approx(2e-4) and a.epochs == 3 and a.max_seq_length == 512
+
+
+def test_defaults_are_the_better_choices():
+    a = cli.parse_args(["--storage-path", "/tmp/s"])
+    assert (a.quantization, a.attention) == ("none", "sdpa")
+    assert a.lora_vision_tower is False and a.train_embeddings is False and a.completion_only_loss is True
+    assert a.gradient_checkpointing is False
+    assert a.experiment_name == "raydrop-local" and a.resume_from is None and a.accelerator_type == ""
+    for key, tutorial in cli.TUTORIAL_MODEL_CHOICES.items():
+        assert getattr(a, key) != tutorial, key
+
+
+def test_tutorial_choices_reachable():
+    a = cli.parse_args(["--storage-path", "/s", "--quantization", "4bit", "--attention", "eager",
+                        "--lora-vision-tower", "true", "--train-embeddings", "true",
+                        "--completion-only-loss", "false", "--gradient-checkpointing", "true"])
+    for key, tutorial in cli.TUTORIAL_MODEL_CHOICES.items():
+        assert getattr(a, key) == tutorial, key
+
+
+@pytest.mark.parametrize("argv", [
+    ["--use-gpu", "maybe"],
+    ["--run-id", "Bad_ID"],
+    ["--quantization", "8bit"],
+    ["--save-strategy", "best"],
+    ["--max-steps", "0"],
+    ["--experiment-name", "a/b"],
+    ["--quantization", "4bit", "--use-gpu", "false"],
+    ["--warmup-ratio", "1.5"],
+])
+def test_rejects(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--storage-path", "/s"] + argv)
+    assert e.value.code == 2
+
+
+def test_warmup_with_constant_schedule():
+    assert cli.effective_lr_scheduler("constant", 0.03) == "constant_with_warmup"
+    assert cli.effective_lr_scheduler("constant", 0.0) == "constant"
+    assert cli.effective_lr_scheduler("cosine", 0.03) == "cosine"
+
+
+def test_lora_targets():
+    assert cli.lora_target_modules("all-linear") == "all-linear"
+    assert cli.lora_target_modules("q_proj, v_proj") == ["q_proj", "v_proj"]
+    with pytest.raises(ValueError):
+        cli.lora_target_modules(" , ")

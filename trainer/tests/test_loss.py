@@ -1,0 +1,72 @@
+"""The loss-scaling fix, in one process (no Ray): gradient accumulation over
+four micro-batches must log the token mean, not four times it."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import data
+import modeling
+import sft
+import worker
+
+GA = 4
+
+
+def _args(tmp_path):
+    return argparse.Namespace(
+        epochs=1, max_steps=1, per_device_batch_size=1, gradient_accumulation_steps=GA,
+        gradient_checkpointing=False, learning_rate=0.0, lr_scheduler="constant", warmup_ratio=0.0,
+        max_grad_norm=0.3, logging_steps=1, save_strategy="no", save_steps=100, use_gpu=False, seed=0,
+        max_seq_length=512, dataloader_num_workers=0,
+    )
+
+
+def _train_one_step(trainer_cls, assets, processor, rows, tmp_path):
+    model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
+    trainer = trainer_cls(
+        model=model, args=worker.sft_config(_args(tmp_path), str(tmp_path)), train_dataset=rows,
+        processing_class=processor, data_collator=data.Collator(processor),
+        peft_config=modeling.lora_config(8, 16, 0.0),
+    )
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    return trainer, logged[0]
+
+
+@pytest.fixture(scope="module")
+def four_rows(dataset):
+    return dataset.select(range(GA))
+
+
+def _expected_token_mean(assets, processor, rows):
+    import torch
+
+    model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
+    batch = data.Collator(processor)([rows[i] for i in range(len(rows))])
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        loss_sum, _, count = sft.masked_token_losses(model(**batch).logits, labels)
+    return float(loss_sum / count)
+
+
+def test_logged_loss_is_the_token_mean(assets, processor, four_rows, tmp_path):
+    trainer, first = _train_one_step(sft.trainer_class(), assets, processor, four_rows, tmp_path / "ours")
+    assert trainer.model_accepts_loss_kwargs is False
+    assert first["loss"] == pytest.approx(_expected_token_mean(assets, processor, four_rows), rel=1e-3)
+    assert first["num_loss_tokens"] == sum(
+        len(data.encode_text(processor, four_rows[i])[1]) for i in range(GA)
+    )
+
+
+def test_stock_trainer_inflates_by_accumulation(assets, processor, four_rows, tmp_path):
+    """The defect being fixed, as transformers 4.55.2 + TRL 0.21 behave."""
+    from trl import SFTTrainer
+
+    stock, first = _train_one_step(SFTTrainer, assets, processor, four_rows, tmp_path / "stock")
+    # Gemma3ForConditionalGeneration takes **kwargs and lacks accepts_loss_kwargs=False.
+    assert stock.model_accepts_loss_kwargs is True
+    expected = _expected_token_mean(assets, processor, four_rows)
+    assert first["loss"] == pytest.approx(GA * expected, rel=0.1)

@@ -1,0 +1,188 @@
+"""End to end on CPU: `python train.py` under a real Ray Train TorchTrainer with
+two workers and the real SFTTrainer, on the tiny Gemma 3 and the toy dataset.
+
+One training run, one run resumed from its first checkpoint and one failing
+run; the tests read what they left in the storage path, as the pipeline does.
+If RAYDROP_LAYOUT_DIR is set, the storage tree is copied there afterwards.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import tiny
+from conftest import TRAINER_DIR
+
+STEPS = 24
+SAVE_STEPS = 12
+WORKERS = 2
+GA = 2
+SAMPLES_PER_STEP = WORKERS * 1 * GA
+
+
+def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600):
+    argv = [
+        sys.executable, os.path.join(TRAINER_DIR, "train.py"),
+        "--run-id", "test-" + experiment,
+        "--storage-path", storage,
+        "--experiment-name", experiment,
+        "--model-id", assets["model"],
+        "--dataset-id", assets["dataset"],
+        "--dataset-split", "train",
+        "--num-workers", str(WORKERS), "--use-gpu", "false",
+        "--quantization", "none", "--attention", "sdpa",
+        "--lora-r", "8", "--lora-alpha", "16", "--lora-dropout", "0.0", "--lora-target-modules", "all-linear",
+        "--lora-vision-tower", "false", "--train-embeddings", "false", "--completion-only-loss", "true",
+        "--epochs", "100", "--per-device-batch-size", "1", "--gradient-accumulation-steps", str(GA),
+        "--learning-rate", "0.01", "--lr-scheduler", "constant", "--warmup-ratio", "0.0",
+        "--max-grad-norm", "1.0", "--max-seq-length", "512",
+        "--logging-steps", "2", "--save-strategy", "steps", "--save-steps", str(SAVE_STEPS),
+        "--gradient-checkpointing", "false", "--seed", "42",
+        "--max-steps", str(STEPS), "--dataloader-num-workers", "0",
+    ] + list(extra)
+    env = dict(os.environ, RAY_ADDRESS=ray_address)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def results(storage, experiment):
+    trials = glob.glob(os.path.join(storage, experiment, "TorchTrainer_*"))
+    assert len(trials) == 1, trials
+    with open(os.path.join(trials[0], "result.json")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return trials[0], rows
+
+
+def mark(storage, experiment):
+    with open(os.path.join(storage, experiment, "raydrop_result.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("storage"))
+    yield path
+    layout = os.environ.get("RAYDROP_LAYOUT_DIR")
+    if layout:
+        shutil.copytree(path, layout, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def run_a(ray_address, storage, assets):
+    proc = run_trainer(ray_address, storage, "exp-a", assets)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run_b(ray_address, storage, assets, run_a):
+    trial, _ = results(storage, "exp-a")
+    first = os.path.join(trial, "checkpoint_000000")
+    proc = run_trainer(ray_address, storage, "exp-b", assets,
+                       extra=["--resume-from", first, "--max-steps", str(STEPS + 4)])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    return proc
+
+
+def test_layout_is_ray_train_v1(run_a, storage):
+    exp = os.path.join(storage, "exp-a")
+    assert glob.glob(os.path.join(exp, "experiment_state-*.json"))
+    trial, rows = results(storage, "exp-a")
+    assert os.path.isfile(os.path.join(trial, "params.json"))
+    assert os.path.isfile(os.path.join(trial, "progress.csv"))
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(trial, "checkpoint_*")))
+    assert names == ["checkpoint_000000", "checkpoint_000001"]
+    for name in names:
+        files = set(os.listdir(os.path.join(trial, name, "checkpoint")))
+        for required in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt",
+                         "trainer_state.json", "processor_config.json", "tokenizer_config.json"):
+            assert required in files, (name, sorted(files))
+        assert any(f.startswith("rng_state") for f in files), sorted(files)
+        # Only rank 0 persisted: no other rank's RNG file was merged in.
+        assert not any(f.startswith("rng_state_1") for f in files), sorted(files)
+        # Adapter only: no full copies of embeddings/LM head.
+        assert os.path.getsize(os.path.join(trial, name, "checkpoint", "adapter_model.safetensors")) < 2_000_000
+
+
+def test_reported_metrics(run_a, storage):
+    _, rows = results(storage, "exp-a")
+    saved = [r for r in rows if r.get("checkpoint_dir_name")]
+    assert [r["checkpoint_dir_name"] for r in saved] == ["checkpoint_000000", "checkpoint_000001"]
+    assert [r["step"] for r in saved] == [SAVE_STEPS, STEPS]
+    for r in rows[:-1]:
+        for key in ("step", "epoch", "loss", "learning_rate", "grad_norm"):
+            assert key in r, (key, r)
+    final = rows[-1]
+    assert final["train_runtime"] > 0 and final["global_step"] == STEPS
+    assert final["latest_checkpoint_dir_name"] == "checkpoint_000001"
+
+
+def test_loss_is_true_token_mean_and_falls(run_a, storage):
+    _, rows = results(storage, "exp-a")
+    losses = [r["loss"] for r in rows if "loss" in r and "train_runtime" not in r]
+    # Random init: about ln(vocab). Scaled by GA x world size it would be ~4x that.
+    assert 3.0 < losses[0] < math.log(tiny.VOCAB_SIZE) + 1.5, losses
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_loss_covers_only_the_answer(run_a, storage, processor, dataset):
+    import data
+
+    _, rows = results(storage, "exp-a")
+    final = rows[-1]
+    completion = [len(data.encode_text(processor, dataset[i])[1]) for i in range(len(dataset) - 1)]
+    per_sample = final["train_loss_tokens"] / (STEPS * SAMPLES_PER_STEP)
+    assert min(completion) <= per_sample <= max(completion), (per_sample, completion)
+    assert final["train_tokens"] / (STEPS * SAMPLES_PER_STEP) > 300  # whole sequences went in
+
+
+def test_completion_mark_after_success(run_a, storage):
+    trial, _ = results(storage, "exp-a")
+    doc = mark(storage, "exp-a")
+    assert doc["status"] == "succeeded" and doc["error"] is None
+    assert doc["trialPath"] == trial
+    assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS, STEPS]
+    assert doc["latestCheckpoint"] == os.path.join(trial, "checkpoint_000001")
+    assert os.path.isdir(doc["checkpoints"][0]["modelPath"])
+    fm = doc["finalMetrics"]
+    for key in ("train_loss", "train_runtime", "train_tokens", "tokens_per_second"):
+        assert fm[key] > 0, (key, fm)
+    assert fm["tokens_per_second"] == pytest.approx(fm["train_tokens"] / fm["train_runtime"])
+
+
+def test_resume_continues_from_saved_step(run_b, storage):
+    _, rows = results(storage, "exp-b")
+    first = rows[0]
+    assert first["resumed_from_step"] == SAVE_STEPS
+    assert first["resumed_optimizer_step"] == SAVE_STEPS  # AdamW state came back
+    assert first["resumed_scheduler_step"] == SAVE_STEPS
+    assert first["step"] > SAVE_STEPS
+    final = rows[-1]
+    assert final["global_step"] == STEPS + 4 and final["train_steps"] == STEPS + 4 - SAVE_STEPS
+    trial, _ = results(storage, "exp-b")
+    with open(os.path.join(trial, "checkpoint_000000", "checkpoint", "trainer_state.json")) as f:
+        state = json.load(f)
+    assert state["global_step"] == SAVE_STEPS * 2
+    assert min(h["step"] for h in state["log_history"]) < SAVE_STEPS  # history of the first run
+    doc = mark(storage, "exp-b")
+    assert doc["status"] == "succeeded"
+    assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS * 2, STEPS + 4]
+
+
+def test_failed_run_writes_mark(ray_address, storage, assets):
+    bad = dict(assets, dataset=os.path.join(storage, "no-such-dataset"))
+    proc = run_trainer(ray_address, storage, "exp-fail", bad, extra=["--max-steps", "2"])
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = mark(storage, "exp-fail")
+    assert doc["status"] == "failed"
+    assert doc["error"] and "no-such-dataset" in doc["error"], doc["error"]
+    assert doc["checkpoints"] == [] and doc["latestCheckpoint"] is None and doc["finalMetrics"] == {}

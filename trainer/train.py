@@ -1,0 +1,105 @@
+"""raydrop trainer entry point: python train.py --flag value ...
+
+Runs LoRA fine-tuning of Gemma 3 on image+text product descriptions with
+TRL's SFTTrainer under Ray Train's TorchTrainer (Train V1 storage layout),
+then writes <storage-path>/<experiment-name>/raydrop_result.json. Exit code
+0 when training succeeded, 1 when it failed, 2 on invalid flags.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Ray 2.48 writes the V1 layout (trial folder, result.json) unless Train V2 is
+# switched on; the pipeline reads that layout, so pin it.
+os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cli  # noqa: E402
+import result  # noqa: E402
+
+# Modules whose code the Ray workers need. They are pickled by value, so the
+# workers do not depend on the code directory being on their import path.
+WORKER_MODULES = ("cli", "data", "modeling", "sft", "worker")
+
+
+def _log(msg: str) -> None:
+    print(f"raydrop: {msg}", flush=True)
+
+
+def run(args) -> int:
+    import ray
+    import ray.cloudpickle
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import worker
+
+    for name in WORKER_MODULES:
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__import__(name).__name__])
+
+    storage_path = result.normalize_storage_path(args.storage_path)
+    config = dict(vars(args))
+    config["storage_path"] = storage_path
+
+    scaling = ScalingConfig(
+        num_workers=args.num_workers,
+        use_gpu=args.use_gpu,
+        accelerator_type=args.accelerator_type or None,
+    )
+    run_config = RunConfig(
+        name=args.experiment_name,
+        storage_path=storage_path,
+        checkpoint_config=CheckpointConfig(num_to_keep=None),
+        failure_config=FailureConfig(max_failures=0),
+    )
+    trainer = TorchTrainer(
+        worker.train_func,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=run_config,
+    )
+
+    status, error, trial_hint = "failed", None, None
+    try:
+        _log(f"run {args.run_id}: {args.num_workers} workers, storage {storage_path}/{args.experiment_name}")
+        res = trainer.fit()
+        trial_hint = os.path.basename(str(res.path).rstrip("/")) if res.path else None
+        if res.error is not None:
+            error = result.error_text(res.error)
+        else:
+            status = "succeeded"
+    except BaseException as exc:  # the mark must be written whatever happened
+        error = result.error_text(exc)
+    finally:
+        doc = result.build(storage_path, args.experiment_name, args.run_id, status, error, trial_hint)
+        where = result.write(storage_path, args.experiment_name, doc)
+        _log(f"{status}; wrote {where}")
+    return 0 if status == "succeeded" else 1
+
+
+def main(argv=None) -> int:
+    args = cli.parse_args(argv)
+    try:
+        return run(args)
+    except BaseException as exc:
+        # Failures before fit() (Ray unreachable, bad storage path) still get a mark when possible.
+        try:
+            doc = {
+                "schemaVersion": result.SCHEMA_VERSION, "runId": args.run_id, "status": "failed",
+                "error": result.error_text(exc),
+                "experimentPath": result.join(result.normalize_storage_path(args.storage_path), args.experiment_name),
+                "trialPath": None,
+                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {},
+            }
+            result.write(args.storage_path, args.experiment_name, doc)
+        except Exception:
+            pass
+        _log(f"failed: {result.error_text(exc)}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The training loop every Ray Train worker runs.
+
+Only rank 0 persists checkpoints: the other ranks report the same number of
+results (Ray Train V1 requires it) without a checkpoint. Checkpoints hold the
+adapter, optimizer, scheduler, RNG state, trainer_state.json and the
+processor files, so a run can continue from one with --resume-from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Optional
+
+import data
+import modeling
+import sft
+from cli import effective_lr_scheduler
+
+log = logging.getLogger("raydrop.trainer")
+
+CHECKPOINT_SUBDIR = "checkpoint"  # Ray's checkpoint_00000N/<this>/ holds the HF files
+TRAINER_STATE = "trainer_state.json"
+
+
+def checkpoint_dir_name(index: int) -> str:
+    """Ray Train V1's name for the index-th checkpoint of a trial."""
+    return f"checkpoint_{index:06d}"
+
+
+def _optimizer_step(optimizer) -> Optional[int]:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    steps = []
+    for state in getattr(inner, "state", {}).values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if step is not None:
+            steps.append(int(step.item() if hasattr(step, "item") else step))
+    return max(steps) if steps else None
+
+
+def _make_callback_class():
+    import ray.train
+    from transformers import TrainerCallback
+
+    class RaydropReportCallback(TrainerCallback):
+        """Reports metrics to Ray at each log and save; rank 0 attaches checkpoints.
+
+        A log step that is also a save step is reported once, by the save.
+        The final summary (train_runtime, train_loss, ...) is the last report.
+        """
+
+        def __init__(self) -> None:
+            self.metrics: Dict[str, Any] = {}
+            self.saved = 0
+            self.latest: Optional[str] = None
+            self.start_step = 0
+            self.resume: Dict[str, Any] = {}
+
+        def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
+            metrics = dict(metrics)
+            metrics["latest_checkpoint_dir_name"] = self.latest
+            if self.resume:
+                metrics.update(self.resume)
+            ray.train.report(metrics, checkpoint=checkpoint)
+
+        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            self.start_step = state.global_step
+            if state.global_step > 0:
+                self.resume = {
+                    "resumed_from_step": state.global_step,
+                    "resumed_optimizer_step": _optimizer_step(optimizer),
+                    "resumed_scheduler_step": getattr(lr_scheduler, "last_epoch", None),
+                }
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = dict(logs or {})
+            if "train_runtime" in logs:
+                summary = dict(logs)
+                steps = state.global_step - self.start_step
+                if steps > 0 and "train_loss" in logs:
+                    # transformers divides this run's loss total by the global step,
+                    # which understates it after a resume; divide by this run's steps.
+                    summary["train_loss"] = logs["train_loss"] * state.global_step / steps
+                summary["train_steps"] = steps
+                summary["global_step"] = state.global_step
+                self._report({**self.metrics, **summary, "step": state.global_step, "epoch": state.epoch})
+                return
+            self.metrics.update(logs)
+            self.metrics["step"] = state.global_step
+            self.metrics["epoch"] = state.epoch
+            if not control.should_save:
+                self._report(self.metrics)
+
+        def on_save(self, args, state, control, **kwargs):
+            src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            metrics = {**self.metrics, "step": state.global_step, "epoch": state.epoch}
+            name = checkpoint_dir_name(self.saved)
+            self.saved += 1
+            if state.is_world_process_zero:
+                staging = tempfile.mkdtemp(prefix="report-", dir=args.output_dir)
+                try:
+                    os.replace(src, os.path.join(staging, CHECKPOINT_SUBDIR))
+                    self.latest = name
+                    self._report(metrics, checkpoint=ray.train.Checkpoint.from_directory(staging))
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            else:
+                # Other ranks only wrote their RNG state; it stays local.
+                shutil.rmtree(src, ignore_errors=True)
+                self.latest = name
+                self._report(metrics)
+
+    return RaydropReportCallback
+
+
+def resolve_checkpoint_dir(path: str) -> str:
+    """The directory holding trainer_state.json: Ray's checkpoint dir or its checkpoint/ child."""
+    for cand in (os.path.join(path, CHECKPOINT_SUBDIR), path):
+        if os.path.isfile(os.path.join(cand, TRAINER_STATE)):
+            return cand
+    raise FileNotFoundError(f"no {TRAINER_STATE} in {path} or {os.path.join(path, CHECKPOINT_SUBDIR)}")
+
+
+def fetch_checkpoint(uri: str, dest: str) -> str:
+    """Copy a checkpoint (gs://, other pyarrow URI, or local path) to dest; return its HF dir."""
+    if os.path.isdir(uri):
+        return resolve_checkpoint_dir(uri)
+    import ray.train
+
+    marker = os.path.join(dest, ".complete")
+    if not os.path.exists(marker):
+        os.makedirs(dest, exist_ok=True)
+        ray.train.Checkpoint(path=uri).to_directory(dest)
+        open(marker, "w").close()
+    return resolve_checkpoint_dir(dest)
+
+
+def sft_config(args: argparse.Namespace, output_dir: str):
+    from trl import SFTConfig
+
+    use_gpu = bool(args.use_gpu)
+    return SFTConfig(
+        output_dir=output_dir,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        gradient_checkpointing=args.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        optim="adamw_torch_fused" if use_gpu else "adamw_torch",
+        learning_rate=args.learning_rate,
+        lr_scheduler_type=effective_lr_scheduler(args.lr_scheduler, args.warmup_ratio),
+        warmup_ratio=args.warmup_ratio,
+        max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps,
+        save_strategy=args.save_strategy,
+        save_steps=args.save_steps,
+        bf16=use_gpu,
+        use_cpu=not use_gpu,
+        seed=args.seed,
+        data_seed=args.seed,
+        report_to="none",
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+        max_length=args.max_seq_length,
+        average_tokens_across_devices=True,
+        # A PeftModel is not a PreTrainedModel, so transformers would otherwise
+        # make DDP search the autograd graph for unused parameters every step.
+        ddp_find_unused_parameters=False,
+        dataloader_num_workers=args.dataloader_num_workers,
+        dataloader_pin_memory=use_gpu,
+        dataloader_persistent_workers=args.dataloader_num_workers > 0,
+    )
+
+
+def train_func(config: Dict[str, Any]) -> None:
+    """Ray Train's train_loop_per_worker."""
+    import ray.train
+    import torch
+    from transformers import AutoProcessor, set_seed
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = argparse.Namespace(**config)
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    set_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+    output_dir = tempfile.mkdtemp(prefix=f"raydrop-{args.run_id}-rank{rank}-")
+    training_args = sft_config(args, output_dir)
+    device = ray.train.torch.get_device() if args.use_gpu else None
+
+    # One process per node downloads (model, dataset, checkpoint) into the
+    # node's caches; the others then read those caches.
+    resume_dir = None
+    with training_args.main_process_first(local=True, desc="load processor, model, dataset"):
+        processor = AutoProcessor.from_pretrained(args.model_id, use_fast=True)
+        dataset = data.load_rows(args.dataset_id, args.dataset_split)
+        model = modeling.load_model(args.model_id, args.quantization, args.attention, args.use_gpu, device)
+        if args.resume_from:
+            resume_dir = fetch_checkpoint(
+                args.resume_from, os.path.join(tempfile.gettempdir(), f"raydrop-resume-{args.run_id}")
+            )
+
+    rows = len(dataset)
+    dataset, dropped = data.filter_by_length(dataset, processor, args.max_seq_length)
+    if rank == 0:
+        log.info("dataset: %d rows, %d left out as longer than %d tokens", rows, dropped, args.max_seq_length)
+
+    collator = data.Collator(processor, completion_only=args.completion_only_loss,
+                             pad_to_multiple_of=8 if args.use_gpu else None)
+    peft_config = modeling.lora_config(
+        args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
+        vision_tower=args.lora_vision_tower, train_embeddings=args.train_embeddings,
+    )
+    trainer = sft.trainer_class()(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=processor,
+        data_collator=collator,
+        peft_config=peft_config,
+    )
+    trainer.add_callback(_make_callback_class()())
+    if rank == 0:
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in trainer.model.parameters())
+        log.info("trainable parameters: %d of %d", trainable, total)
+    trainer.train(resume_from_checkpoint=resume_dir)
+    shutil.rmtree(output_dir, ignore_errors=True)
