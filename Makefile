@@ -49,6 +49,7 @@ go-test: tools ## Go tests with the race detector against a real kube-apiserver 
 trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
 	rm -rf $(LAYOUT_DIR) && mkdir -p $(LAYOUT_DIR)
 	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test
+	$(GO) test -count=1 -run TestTrainerLayoutContract -v ./pkg/checkpoints -args -layout $(LAYOUT_DIR)
 
 .PHONY: lint
 lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check

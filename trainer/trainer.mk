@@ -49,7 +49,7 @@ $(TRAINER_VENV)/.complete:
 	echo "trainer-venv: built in $$(( $$(date +%s) - start )) s"
 
 trainer-test: trainer-venv ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout)
-	cd $(TRAINER_DIR) && $(TRAINER_VENV)/bin/python -m pytest tests
+	cd $(TRAINER_DIR) && PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q tests
 
 trainer-bench: trainer-venv ## GPU benchmark: tokens/s and MFU, tutorial setup vs raydrop default (needs one CUDA GPU)
-	cd $(TRAINER_DIR) && $(TRAINER_VENV)/bin/python bench/bench.py $(TRAINER_BENCH_ARGS)
+	cd $(TRAINER_DIR) && PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python bench/bench.py $(TRAINER_BENCH_ARGS)

@@ -131,7 +131,7 @@ def test_loss_is_true_token_mean_and_falls(run_a, storage):
     losses = [r["loss"] for r in rows if "loss" in r and "train_runtime" not in r]
     # Random init: about ln(vocab). Scaled by GA x world size it would be ~4x that.
     assert 3.0 < losses[0] < math.log(tiny.VOCAB_SIZE) + 1.5, losses
-    assert losses[-1] < 0.7 * losses[0], losses
+    assert losses[-1] < 0.8 * losses[0], losses
 
 
 def test_loss_covers_only_the_answer(run_a, storage, processor, dataset):

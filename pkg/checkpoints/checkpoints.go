@@ -1,0 +1,312 @@
+// Package checkpoints finds the checkpoints and metrics of a training
+// attempt from what Ray Train (V1 layout, Ray 2.48's default) wrote under its
+// storage path:
+//
+//	<experiment>/TorchTrainer_<5hex>_00000_0_<date>/result.json   one JSON line per report
+//	<experiment>/TorchTrainer_…/checkpoint_00000N/checkpoint/…     adapter, optimizer, trainer state
+//	<experiment>/raydrop_result.json                               the trainer's completion mark
+//
+// It reads through a small Store interface, so the same code runs over a
+// Cloud Storage bucket and over a local folder.
+package checkpoints
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Store lists and reads objects by slash-separated name.
+type Store interface {
+	// List returns the names of every object whose name starts with prefix.
+	List(ctx context.Context, prefix string) ([]string, error)
+	// Read returns an object's content, failing if it is larger than limit.
+	Read(ctx context.Context, name string, limit int64) ([]byte, error)
+	// URI is the address of a name for people and downstream systems.
+	URI(name string) string
+}
+
+// ErrNotFound is returned by Store.Read for a missing object.
+var ErrNotFound = errors.New("object not found")
+
+// Files every usable checkpoint holds.
+var AdapterFiles = []string{"adapter_model.safetensors", "adapter_config.json"}
+
+const (
+	// ResultFile is Ray Train's per-trial report log.
+	ResultFile = "result.json"
+	// MarkFile is the trainer's completion mark in the experiment folder.
+	MarkFile   = "raydrop_result.json"
+	trialPre   = "TorchTrainer_"
+	maxResult  = 64 << 20
+	maxMark    = 4 << 20
+	ckptSubdir = "checkpoint"
+)
+
+var (
+	trialDateRE = regexp.MustCompile(`_(\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})$`)
+	ckptDirRE   = regexp.MustCompile(`^checkpoint_(\d{6})$`)
+)
+
+// Checkpoint is one checkpoint Ray Train persisted.
+type Checkpoint struct {
+	Name     string             `json:"name"` // checkpoint_00000N
+	URI      string             `json:"uri"`  // the folder holding the adapter
+	Step     int64              `json:"step"`
+	Epoch    float64            `json:"epoch"`
+	Metrics  map[string]float64 `json:"metrics"`
+	Complete bool               `json:"complete"` // holds every adapter file
+}
+
+// Mark is the trainer's completion mark (raydrop_result.json), the fields
+// the pipeline reads.
+type Mark struct {
+	Status       string             `json:"status"` // succeeded or failed
+	Error        string             `json:"error,omitempty"`
+	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
+}
+
+// Result is what an attempt left in storage.
+type Result struct {
+	Trial        string             `json:"trial"` // trial folder URI; "" when none was written
+	Reports      int                `json:"reports"`
+	Checkpoints  []Checkpoint       `json:"checkpoints"`
+	Latest       *Checkpoint        `json:"latest,omitempty"`
+	Best         *Checkpoint        `json:"best,omitempty"`
+	LastMetrics  map[string]float64 `json:"lastMetrics,omitempty"` // the last report
+	Mark         *Mark              `json:"mark,omitempty"`
+	Incomplete   []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
+	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
+}
+
+// Discover reads the experiment folder experiment (a name prefix without a
+// trailing slash) and returns its checkpoints, newest last.
+func Discover(ctx context.Context, st Store, experiment string) (*Result, error) {
+	experiment = strings.TrimSuffix(experiment, "/")
+	names, err := st.List(ctx, experiment+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", st.URI(experiment), err)
+	}
+	res := &Result{Checkpoints: []Checkpoint{}}
+	if m, err := readMark(ctx, st, experiment+"/"+MarkFile); err != nil {
+		return nil, err
+	} else if m != nil {
+		res.Mark = m
+	}
+	trial := newestTrial(experiment, names)
+	if trial == "" {
+		res.FinalMetrics = finalMetrics(res)
+		return res, nil
+	}
+	res.Trial = st.URI(trial)
+	present := map[string]bool{}
+	for _, n := range names {
+		present[n] = true
+	}
+
+	lines, err := readResult(ctx, st, trial+"/"+ResultFile)
+	if err != nil {
+		return nil, err
+	}
+	res.Reports = len(lines)
+	byName := map[string]*Checkpoint{}
+	for _, l := range lines {
+		res.LastMetrics = l.metrics
+		if l.checkpoint == "" || !ckptDirRE.MatchString(l.checkpoint) {
+			continue
+		}
+		dir := trial + "/" + l.checkpoint + "/" + ckptSubdir
+		c := &Checkpoint{Name: l.checkpoint, URI: st.URI(dir), Step: int64(l.metrics["step"]), Epoch: l.metrics["epoch"], Metrics: l.metrics, Complete: true}
+		for _, f := range AdapterFiles {
+			if !present[dir+"/"+f] {
+				c.Complete = false
+			}
+		}
+		byName[l.checkpoint] = c
+	}
+	// A checkpoint folder with no report line (the report was lost with the
+	// process) still counts if it is complete; its step is unknown.
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, trial+"/")
+		if !ok {
+			continue
+		}
+		dir, _, _ := strings.Cut(rest, "/")
+		if ckptDirRE.MatchString(dir) && byName[dir] == nil {
+			c := &Checkpoint{Name: dir, URI: st.URI(trial + "/" + dir + "/" + ckptSubdir), Complete: true, Metrics: map[string]float64{}}
+			for _, f := range AdapterFiles {
+				if !present[trial+"/"+dir+"/"+ckptSubdir+"/"+f] {
+					c.Complete = false
+				}
+			}
+			byName[dir] = c
+		}
+	}
+	for _, c := range byName {
+		res.Checkpoints = append(res.Checkpoints, *c)
+	}
+	sort.Slice(res.Checkpoints, func(i, j int) bool { return res.Checkpoints[i].Name < res.Checkpoints[j].Name })
+	for i := range res.Checkpoints {
+		c := &res.Checkpoints[i]
+		if !c.Complete {
+			res.Incomplete = append(res.Incomplete, c.URI)
+			continue
+		}
+		res.Latest = c
+		if res.Best == nil || better(c, res.Best) {
+			res.Best = c
+		}
+	}
+	res.FinalMetrics = finalMetrics(res)
+	return res, nil
+}
+
+// better prefers the lower evaluation loss, else the lower training loss,
+// else the later checkpoint.
+func better(a, b *Checkpoint) bool {
+	for _, k := range []string{"eval_loss", "loss"} {
+		av, aok := a.Metrics[k]
+		bv, bok := b.Metrics[k]
+		if aok && bok {
+			return av < bv
+		}
+		if aok != bok {
+			return aok
+		}
+	}
+	return a.Name > b.Name
+}
+
+func finalMetrics(r *Result) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range r.LastMetrics {
+		out[k] = v
+	}
+	if r.Mark != nil {
+		for k, v := range r.Mark.FinalMetrics {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// newestTrial returns the name of the newest trial folder under experiment.
+func newestTrial(experiment string, names []string) string {
+	seen := map[string]bool{}
+	var trials []string
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, experiment+"/")
+		if !ok {
+			continue
+		}
+		dir, _, found := strings.Cut(rest, "/")
+		if found && strings.HasPrefix(dir, trialPre) && !seen[dir] {
+			seen[dir] = true
+			trials = append(trials, dir)
+		}
+	}
+	if len(trials) == 0 {
+		return ""
+	}
+	key := func(s string) string {
+		if m := trialDateRE.FindStringSubmatch(s); m != nil {
+			return m[1] + s
+		}
+		return s
+	}
+	sort.Slice(trials, func(i, j int) bool { return key(trials[i]) < key(trials[j]) })
+	return path.Join(experiment, trials[len(trials)-1])
+}
+
+type report struct {
+	metrics    map[string]float64
+	checkpoint string
+}
+
+// readResult parses result.json: one JSON object per line. A torn last line
+// (the writer died mid-write) is skipped.
+func readResult(ctx context.Context, st Store, name string) ([]report, error) {
+	b, err := st.Read(ctx, name, maxResult)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.URI(name), err)
+	}
+	var out []report
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), maxResult)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(line, &raw); err != nil {
+			continue
+		}
+		r := report{metrics: map[string]float64{}}
+		for k, v := range raw {
+			if k == "checkpoint_dir_name" {
+				_ = json.Unmarshal(v, &r.checkpoint)
+				continue
+			}
+			var f float64
+			if json.Unmarshal(v, &f) == nil && !math.IsNaN(f) && !math.IsInf(f, 0) && !rayKeys[k] {
+				r.metrics[k] = f
+			}
+		}
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.URI(name), err)
+	}
+	return out, nil
+}
+
+// rayKeys are numbers Ray Tune adds to every report; they describe the
+// reporting process, not the training.
+var rayKeys = map[string]bool{
+	"timestamp": true, "pid": true, "training_iteration": true, "time_this_iter_s": true,
+	"time_total_s": true, "time_since_restore": true, "iterations_since_restore": true,
+	"timesteps_total": true, "timesteps_since_restore": true, "episodes_total": true,
+}
+
+func readMark(ctx context.Context, st Store, name string) (*Mark, error) {
+	b, err := st.Read(ctx, name, maxMark)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", st.URI(name), err)
+	}
+	var raw struct {
+		Status       string         `json:"status"`
+		Error        *string        `json:"error"`
+		FinalMetrics map[string]any `json:"finalMetrics"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", st.URI(name), err)
+	}
+	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}}
+	if raw.Error != nil {
+		m.Error = *raw.Error
+	}
+	for k, v := range raw.FinalMetrics {
+		if f, ok := v.(float64); ok && !math.IsNaN(f) && !math.IsInf(f, 0) {
+			m.FinalMetrics[k] = f
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,97 @@
+package checkpoints_test
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+)
+
+var layout = flag.String("layout", "testdata/trainer-layout", "storage path written by the trainer's tests under real Ray Train (make trainer-contract sets it)")
+
+// trainerMark is the part of the trainer's raydrop_result.json that this
+// test compares with what discovery finds on its own.
+type trainerMark struct {
+	Status      string `json:"status"`
+	Checkpoints []struct {
+		DirName   string         `json:"dirName"`
+		ModelPath string         `json:"modelPath"`
+		Step      int64          `json:"step"`
+		Epoch     float64        `json:"epoch"`
+		Metrics   map[string]any `json:"metrics"`
+	} `json:"checkpoints"`
+	LatestCheckpoint *string `json:"latestCheckpoint"`
+}
+
+// TestTrainerLayoutContract runs checkpoint discovery over a storage tree
+// that the real trainer wrote under real Ray Train, and checks that it finds
+// the same checkpoints, steps, epochs and metrics as the trainer's own
+// completion mark lists.
+func TestTrainerLayoutContract(t *testing.T) {
+	marks, _ := filepath.Glob(filepath.Join(*layout, "*", checkpoints.MarkFile))
+	if len(marks) == 0 {
+		t.Fatalf("no %s under %s", checkpoints.MarkFile, *layout)
+	}
+	sawCheckpoints := false
+	for _, markPath := range marks {
+		exp := filepath.Base(filepath.Dir(markPath))
+		t.Run(exp, func(t *testing.T) {
+			b, err := os.ReadFile(markPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m trainerMark
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			res, err := checkpoints.Discover(context.Background(), checkpoints.Dir(*layout), exp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Mark == nil || res.Mark.Status != m.Status {
+				t.Errorf("mark status: discovery %+v, file %q", res.Mark, m.Status)
+			}
+			var complete []checkpoints.Checkpoint
+			for _, c := range res.Checkpoints {
+				if c.Complete {
+					complete = append(complete, c)
+				}
+			}
+			if len(complete) != len(m.Checkpoints) {
+				t.Fatalf("discovery found %d complete checkpoints, the trainer lists %d", len(complete), len(m.Checkpoints))
+			}
+			for i, want := range m.Checkpoints {
+				got := complete[i]
+				sawCheckpoints = true
+				if got.Name != want.DirName || got.Step != want.Step || got.Epoch != want.Epoch {
+					t.Errorf("checkpoint %d: discovery %s step %d epoch %g; trainer %s step %d epoch %g", i, got.Name, got.Step, got.Epoch, want.DirName, want.Step, want.Epoch)
+				}
+				// The tree was copied from where the trainer wrote it: compare
+				// the path below the experiment folder.
+				if suffix := want.ModelPath[strings.Index(want.ModelPath, "/"+exp+"/")+1:]; !strings.HasSuffix(filepath.ToSlash(got.URI), suffix) {
+					t.Errorf("checkpoint %d: discovery URI %s, trainer %s", i, got.URI, want.ModelPath)
+				}
+				for k, v := range want.Metrics {
+					f, isNumber := v.(float64)
+					if !isNumber {
+						continue // discovery keeps numbers only
+					}
+					if gv, ok := got.Metrics[k]; !ok || gv != f {
+						t.Errorf("checkpoint %d metric %s: discovery %v, trainer %v", i, k, gv, f)
+					}
+				}
+			}
+			if m.LatestCheckpoint != nil && (res.Latest == nil || !strings.HasSuffix(*m.LatestCheckpoint, res.Latest.Name) && !strings.HasSuffix(*m.LatestCheckpoint, res.Latest.Name+"/checkpoint")) {
+				t.Errorf("latest: discovery %v, trainer %s", res.Latest, *m.LatestCheckpoint)
+			}
+		})
+	}
+	if !sawCheckpoints {
+		t.Error("no experiment in the layout has a checkpoint")
+	}
+}

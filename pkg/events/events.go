@@ -1,0 +1,128 @@
+// Package events defines raydrop's public events: CloudEvents 1.0 of type
+// dev.raydrop.run.v1.<phase> with subject runs/<id>, sent in the Pub/Sub
+// binary binding (ce-* attributes, JSON data), and their JSON Schemas.
+package events
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// TypePrefix starts every event type.
+const TypePrefix = "dev.raydrop.run.v1."
+
+// Phases that have a public event, in the order a run meets them.
+var Phases = []string{"accepted", "rejected", "queued", "running", "succeeded", "failed", "cancelled"}
+
+// Terminal phases carry the run's results.
+var Terminal = map[string]bool{"rejected": true, "succeeded": true, "failed": true, "cancelled": true}
+
+// Type is the CloudEvent type of a phase.
+func Type(phase string) string { return TypePrefix + phase }
+
+// Run is the data of every run event. Terminal events fill the result fields.
+type Run struct {
+	RunID    string         `json:"runId"`
+	Name     string         `json:"name"`
+	Source   string         `json:"source"`
+	SpecHash string         `json:"specHash,omitempty"`
+	Phase    string         `json:"phase"`
+	Reason   string         `json:"reason,omitempty"`
+	Problems []spec.Problem `json:"problems,omitempty"`
+	Attempt  int            `json:"attempt,omitempty"`
+	Cluster  string         `json:"cluster,omitempty"`
+
+	Checkpoints      []checkpoints.Checkpoint `json:"checkpoints,omitempty"`
+	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
+	BestCheckpoint   *checkpoints.Checkpoint  `json:"bestCheckpoint,omitempty"`
+	FinalMetrics     map[string]float64       `json:"finalMetrics,omitempty"`
+
+	// Timings is the seconds spent in each phase, by phase name.
+	Timings          map[string]float64 `json:"timings,omitempty"`
+	GPUHours         float64            `json:"gpuHours,omitempty"`
+	EstimatedCostUSD float64            `json:"estimatedCostUsd,omitempty"`
+	StartedAt        *time.Time         `json:"startedAt,omitempty"`
+	EndedAt          *time.Time         `json:"endedAt,omitempty"`
+}
+
+// New builds the CloudEvent of a run event. Its ID is the run and phase,
+// so a subscriber can drop a redelivered copy.
+func New(source string, data Run, at time.Time) (cloudevents.Event, error) {
+	e := cloudevents.New(cloudevents.CloudEventsVersionV1)
+	e.SetID(data.RunID + "/" + data.Phase)
+	e.SetType(Type(data.Phase))
+	e.SetSource(source)
+	e.SetSubject("runs/" + data.RunID)
+	e.SetTime(at)
+	if err := e.SetData(cloudevents.ApplicationJSON, data); err != nil {
+		return e, fmt.Errorf("encode %s event: %w", data.Phase, err)
+	}
+	if err := e.Validate(); err != nil {
+		return e, fmt.Errorf("invalid %s event: %w", data.Phase, err)
+	}
+	return e, nil
+}
+
+// PubSubAttributes maps a CloudEvent to the attributes of the Pub/Sub
+// binary content mode: every context attribute as ce-<name>, and the data
+// content type as content-type.
+func PubSubAttributes(e cloudevents.Event) map[string]string {
+	attrs := map[string]string{
+		"ce-specversion": e.SpecVersion(),
+		"ce-id":          e.ID(),
+		"ce-type":        e.Type(),
+		"ce-source":      e.Source(),
+		"content-type":   e.DataContentType(),
+	}
+	if s := e.Subject(); s != "" {
+		attrs["ce-subject"] = s
+	}
+	if !e.Time().IsZero() {
+		attrs["ce-time"] = e.Time().UTC().Format(time.RFC3339Nano)
+	}
+	for k, v := range e.Extensions() {
+		attrs["ce-"+k] = fmt.Sprint(v)
+	}
+	return attrs
+}
+
+// FromPubSub rebuilds a CloudEvent from a Pub/Sub message in the binary
+// content mode.
+func FromPubSub(attrs map[string]string, data []byte) (cloudevents.Event, error) {
+	e := cloudevents.New(attrs["ce-specversion"])
+	for k, v := range attrs {
+		name, ok := strings.CutPrefix(k, "ce-")
+		if !ok || name == "specversion" {
+			continue
+		}
+		switch name {
+		case "id":
+			e.SetID(v)
+		case "type":
+			e.SetType(v)
+		case "source":
+			e.SetSource(v)
+		case "subject":
+			e.SetSubject(v)
+		case "time":
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return e, fmt.Errorf("ce-time %q: %w", v, err)
+			}
+			e.SetTime(t)
+		default:
+			e.SetExtension(name, v)
+		}
+	}
+	if err := e.SetData(attrs["content-type"], json.RawMessage(data)); err != nil {
+		return e, err
+	}
+	return e, e.Validate()
+}

@@ -1,0 +1,130 @@
+package events_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func schemaPath(phase string) string { return "../../schemas/events/" + events.Type(phase) + ".json" }
+
+// TestSchemasUpToDate keeps schemas/events/ equal to the generated schemas.
+func TestSchemasUpToDate(t *testing.T) {
+	for _, p := range events.Phases {
+		got := events.Schema(p)
+		if *update {
+			if err := os.WriteFile(schemaPath(p), got, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(schemaPath(p))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s is missing or stale (go test ./pkg/events -update): %v", schemaPath(p), err)
+		}
+	}
+}
+
+// Compile compiles the schema of a phase's event data with an independent
+// validator.
+func compile(t testing.TB, phase string) *jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(events.Schema(phase)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddResource(events.SchemaID(phase), doc); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Compile(events.SchemaID(phase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestEventsValidate(t *testing.T) {
+	end := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	ck := checkpoints.Checkpoint{Name: "checkpoint_000000", URI: "gs://b/r/attempt-1/T/checkpoint_000000/checkpoint", Step: 10, Epoch: 1, Metrics: map[string]float64{"loss": 1.2}, Complete: true}
+	base := events.Run{RunID: "job-0123456789ab", Name: "job", Source: "gs://intake/jobs/job.json#1"}
+	good := map[string]events.Run{
+		"accepted": base,
+		"queued":   base,
+		"running":  withAttempt(base),
+		"succeeded": func() events.Run {
+			r := withAttempt(base)
+			r.Checkpoints = []checkpoints.Checkpoint{ck}
+			r.LatestCheckpoint, r.BestCheckpoint = &ck, &ck
+			r.FinalMetrics = map[string]float64{"train_loss": 1.1}
+			r.Timings = map[string]float64{"RUNNING": 500}
+			r.GPUHours, r.EstimatedCostUSD, r.EndedAt = 2.2, 30.5, &end
+			return r
+		}(),
+		"failed": func() events.Run {
+			r := withAttempt(base)
+			r.Reason, r.Checkpoints, r.Timings, r.EndedAt = "application error", []checkpoints.Checkpoint{}, map[string]float64{}, &end
+			return r
+		}(),
+		"rejected": func() events.Run {
+			r := base
+			r.Reason, r.Problems, r.Timings, r.EndedAt = "invalid job spec", []spec.Problem{{Path: "lora.r", Message: "0 is out of range"}}, map[string]float64{}, &end
+			return r
+		}(),
+	}
+	for phase, data := range good {
+		data.Phase = phase
+		e, err := events.New("//raydrop.dev/test", data, end)
+		if err != nil {
+			t.Fatal(err)
+		}
+		validateEvent(t, e.Data(), phase)
+		// The Pub/Sub binding round-trips.
+		back, err := events.FromPubSub(events.PubSubAttributes(e), e.Data())
+		if err != nil {
+			t.Fatalf("%s: %v", phase, err)
+		}
+		if back.ID() != data.RunID+"/"+phase || back.Type() != events.Type(phase) || back.Subject() != "runs/"+data.RunID || !bytes.Equal(back.Data(), e.Data()) {
+			t.Errorf("%s: round trip changed the event: %v", phase, back)
+		}
+	}
+	// A succeeded event without checkpoints is refused.
+	bad := good["succeeded"]
+	bad.Phase, bad.Checkpoints = "succeeded", nil
+	e, _ := events.New("//raydrop.dev/test", bad, end)
+	if err := compile(t, "succeeded").Validate(decode(t, e.Data())); err == nil {
+		t.Error("schema accepts a succeeded event without checkpoints")
+	}
+}
+
+func withAttempt(r events.Run) events.Run { r.Attempt = 1; return r }
+
+func validateEvent(t *testing.T, data []byte, phase string) {
+	t.Helper()
+	if err := compile(t, phase).Validate(decode(t, data)); err != nil {
+		t.Errorf("%s event does not validate: %v\n%s", phase, err, data)
+	}
+}
+
+func decode(t *testing.T, b []byte) any {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sanity map[string]any
+	_ = json.Unmarshal(b, &sanity)
+	return v
+}

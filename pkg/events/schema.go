@@ -1,0 +1,87 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// SchemaID is the $id of the schema of a phase's event data.
+func SchemaID(phase string) string {
+	return "https://raydrop.dev/schemas/events/" + Type(phase) + ".json"
+}
+
+// Schema returns the JSON Schema (draft 2020-12) of the data of a phase's
+// event. Every terminal event has its end time; a succeeded event names
+// its checkpoints, the latest and best, final metrics, timings, GPU-hours and
+// cost; a failed, cancelled or rejected one names its reason.
+func Schema(phase string) []byte {
+	checkpoint := map[string]any{
+		"type":                 "object",
+		"additionalProperties": false,
+		"required":             []string{"name", "uri", "step", "epoch", "metrics", "complete"},
+		"properties": map[string]any{
+			"name":     map[string]any{"type": "string", "pattern": "^checkpoint_[0-9]{6}$"},
+			"uri":      map[string]any{"type": "string", "minLength": 1},
+			"step":     map[string]any{"type": "integer", "minimum": 0},
+			"epoch":    map[string]any{"type": "number", "minimum": 0},
+			"metrics":  numberMap(),
+			"complete": map[string]any{"type": "boolean"},
+		},
+	}
+	str := map[string]any{"type": "string"}
+	props := map[string]any{
+		"runId":    map[string]any{"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"},
+		"name":     str,
+		"source":   str,
+		"specHash": str,
+		"phase":    map[string]any{"const": phase},
+		"reason":   str,
+		"problems": map[string]any{"type": "array", "items": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"path", "message"},
+			"properties": map[string]any{"path": str, "message": str},
+		}},
+		"attempt":          map[string]any{"type": "integer", "minimum": 1},
+		"cluster":          str,
+		"checkpoints":      map[string]any{"type": "array", "items": checkpoint},
+		"latestCheckpoint": checkpoint,
+		"bestCheckpoint":   checkpoint,
+		"finalMetrics":     numberMap(),
+		"timings":          numberMap(),
+		"gpuHours":         map[string]any{"type": "number", "minimum": 0},
+		"estimatedCostUsd": map[string]any{"type": "number", "minimum": 0},
+		"startedAt":        map[string]any{"type": "string", "format": "date-time"},
+		"endedAt":          map[string]any{"type": "string", "format": "date-time"},
+	}
+	required := []string{"runId", "name", "source", "phase"}
+	if Terminal[phase] {
+		required = append(required, "endedAt")
+	}
+	switch phase {
+	case "succeeded":
+		required = append(required, "checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "attempt")
+		props["checkpoints"].(map[string]any)["minItems"] = 1
+	case "failed", "cancelled", "rejected":
+		required = append(required, "reason")
+	}
+	s := map[string]any{
+		"$schema":              "https://json-schema.org/draft/2020-12/schema",
+		"$id":                  SchemaID(phase),
+		"title":                "data of a " + Type(phase) + " CloudEvent",
+		"type":                 "object",
+		"additionalProperties": false,
+		"required":             required,
+		"properties":           props,
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		panic(err)
+	}
+	return buf.Bytes()
+}
+
+func numberMap() map[string]any {
+	return map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "number"}}
+}

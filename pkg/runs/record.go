@@ -1,0 +1,155 @@
+// Package runs holds the run record, runs/<id>/status.json in the intake
+// bucket: the single source of truth of a run's phase. It is created once
+// (DoesNotExist) and advanced only by compare-and-swap on its generation, so
+// concurrent and duplicate deliveries never lose or double an update.
+package runs
+
+import (
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// Phase is where a run is. Phases only move forward (see Rank).
+type Phase string
+
+// The phases of a run.
+const (
+	Accepted    Phase = "ACCEPTED"    // spec valid, record created
+	Rejected    Phase = "REJECTED"    // spec invalid: terminal
+	Queued      Phase = "QUEUED"      // waiting for the cluster another run holds
+	Provisioned Phase = "PROVISIONED" // cluster ensured, RayJob not yet created
+	Submitted   Phase = "SUBMITTED"   // RayJob created
+	Running     Phase = "RUNNING"     // Ray job running
+	Finishing   Phase = "FINISHING"   // RayJob ended (or was stopped); finalize pending
+	Succeeded   Phase = "SUCCEEDED"
+	Failed      Phase = "FAILED"
+	Cancelled   Phase = "CANCELLED"
+)
+
+// Rank orders phases; a message for a phase below the record's is stale.
+func (p Phase) Rank() int {
+	switch p {
+	case Accepted:
+		return 1
+	case Queued:
+		return 2
+	case Provisioned:
+		return 3
+	case Submitted:
+		return 4
+	case Running:
+		return 5
+	case Finishing:
+		return 6
+	case Succeeded, Failed, Cancelled, Rejected:
+		return 7
+	}
+	return 0
+}
+
+// Terminal reports whether the run has ended.
+func (p Phase) Terminal() bool { return p.Rank() == 7 }
+
+// Active reports whether the run holds, or waits for, cluster resources.
+func (p Phase) Active() bool { return p.Rank() >= 1 && p.Rank() < 7 }
+
+// Record is a run's status document.
+type Record struct {
+	APIVersion string `json:"apiVersion"`
+	RunID      string `json:"runId"`
+	Name       string `json:"name"`
+	Source     string `json:"source"`
+	SpecHash   string `json:"specHash,omitempty"`
+
+	Phase    Phase          `json:"phase"`
+	Reason   string         `json:"reason,omitempty"`
+	Problems []spec.Problem `json:"problems,omitempty"`
+
+	Spec      *spec.JobSpec `json:"spec,omitempty"`
+	Cluster   string        `json:"cluster,omitempty"`
+	Namespace string        `json:"namespace,omitempty"`
+
+	Attempt  int       `json:"attempt"`
+	Attempts []Attempt `json:"attempts,omitempty"`
+
+	Progress        *Progress `json:"progress,omitempty"`
+	CancelRequested bool      `json:"cancelRequested,omitempty"`
+
+	// Outcome is what the RayJob ended as, recorded by the monitor before
+	// finalize runs: succeeded, failed, infra-failed, deadline, cancelled.
+	Outcome string `json:"outcome,omitempty"`
+
+	Result *checkpoints.Result `json:"result,omitempty"`
+
+	// Published lists the phases whose public event has gone out, so a
+	// redelivered message publishes nothing new.
+	Published []Phase `json:"published,omitempty"`
+
+	// Times records when the run entered each phase.
+	Times     map[Phase]time.Time `json:"times"`
+	CreatedAt time.Time           `json:"createdAt"`
+	UpdatedAt time.Time           `json:"updatedAt"`
+}
+
+// Attempt is one RayJob of the run.
+type Attempt struct {
+	N          int        `json:"n"`
+	RayJob     string     `json:"rayJob"`
+	ResumeFrom string     `json:"resumeFrom,omitempty"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	RunningAt  *time.Time `json:"runningAt,omitempty"`
+	EndedAt    *time.Time `json:"endedAt,omitempty"`
+	Outcome    string     `json:"outcome,omitempty"`
+	Reason     string     `json:"reason,omitempty"`
+}
+
+// Progress is the training progress read from Ray Train's result.json.
+type Progress struct {
+	Step       int64     `json:"step"`
+	TotalSteps int64     `json:"totalSteps,omitempty"`
+	Epoch      float64   `json:"epoch"`
+	Loss       *float64  `json:"loss,omitempty"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// Enter moves the record to phase p at time now, keeping the first time it
+// entered each phase.
+func (r *Record) Enter(p Phase, now time.Time) {
+	r.Phase = p
+	if r.Times == nil {
+		r.Times = map[Phase]time.Time{}
+	}
+	if _, ok := r.Times[p]; !ok {
+		r.Times[p] = now
+	}
+}
+
+// WasPublished reports whether the event of phase p has gone out.
+func (r *Record) WasPublished(p Phase) bool {
+	for _, q := range r.Published {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// MarkPublished records that the event of phase p has gone out.
+func (r *Record) MarkPublished(p Phase) {
+	if !r.WasPublished(p) {
+		r.Published = append(r.Published, p)
+	}
+}
+
+// CurrentAttempt returns the record's current attempt, or nil before the
+// first RayJob.
+func (r *Record) CurrentAttempt() *Attempt {
+	for i := range r.Attempts {
+		if r.Attempts[i].N == r.Attempt {
+			return &r.Attempts[i]
+		}
+	}
+	return nil
+}
