@@ -14,6 +14,8 @@ GO ?= go
 KUBE_VERSION := v1.34.1
 ETCD_VERSION := v3.6.4
 KUBE_BIN := $(RAYDROP_CACHE)/kube-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
+FAKE_GCS_VERSION := v1.56.1
+FAKE_GCS := $(RAYDROP_CACHE)/bin/fake-gcs-server-$(FAKE_GCS_VERSION)
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
 
@@ -70,7 +72,7 @@ schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)
 ##@ Tools (built once per machine into RAYDROP_CACHE)
 
 .PHONY: tools
-tools: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/etcd ## etcd and kube-apiserver for the API tests and the local cloud
+tools: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/etcd $(FAKE_GCS) ## etcd, kube-apiserver and fake-gcs-server for the tests and the local cloud
 
 $(KUBE_BIN)/kube-apiserver:
 	@mkdir -p $(KUBE_BIN)
@@ -82,6 +84,12 @@ $(KUBE_BIN)/etcd:
 	@mkdir -p $(KUBE_BIN)
 	@echo "tools: building etcd $(ETCD_VERSION) (first time on this machine: about 2 minutes)"
 	cd infra/tools/etcd && $(GO) build -trimpath -ldflags=-s -o $@.tmp go.etcd.io/etcd/server/v3
+	@mv $@.tmp $@
+
+$(FAKE_GCS):
+	@mkdir -p $(dir $@)
+	@echo "tools: building fake-gcs-server $(FAKE_GCS_VERSION) (first time on this machine: about a minute)"
+	cd infra/tools/fakegcs && $(GO) build -trimpath -ldflags=-s -o $@.tmp github.com/fsouza/fake-gcs-server
 	@mv $@.tmp $@
 
 $(GOLANGCI):

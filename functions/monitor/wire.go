@@ -1,17 +1,17 @@
-// Package monitor is the Monitor function: it follows RayJobs, records progress, enforces deadlines and announces finished runs.
-//
-// This build registers the entry point only; the handler is not implemented
-// yet and every event is answered with an error.
 package monitor
 
 import (
 	"context"
-	"errors"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
-// Serve is the Monitor entry point.
-func Serve(_ context.Context, _ event.Event) error {
-	return errors.New("monitor: not implemented in this build")
+// Serve is the Monitor entry point: the production handler, built on the first
+// event.
+func Serve(ctx context.Context, e event.Event) error {
+	return pipeline.Serve(ctx, "monitor", pipeline.Default, func(ctx context.Context, d *pipeline.Deps) error {
+		return (&Handler{d}).Handle(ctx, e)
+	})
 }

@@ -1,17 +1,17 @@
-// Package provision is the Provision function: it takes a job spec from the intake bucket or the requests topic, records the run and brings its RayCluster up.
-//
-// This build registers the entry point only; the handler is not implemented
-// yet and every event is answered with an error.
 package provision
 
 import (
 	"context"
-	"errors"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
-// Serve is the Provision entry point.
-func Serve(_ context.Context, _ event.Event) error {
-	return errors.New("provision: not implemented in this build")
+// Serve is the Provision entry point: the production handler, built on the first
+// event.
+func Serve(ctx context.Context, e event.Event) error {
+	return pipeline.Serve(ctx, "provision", pipeline.Default, func(ctx context.Context, d *pipeline.Deps) error {
+		return (&Handler{d}).Handle(ctx, e)
+	})
 }

@@ -96,7 +96,7 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 		return nil, fmt.Errorf("list %s: %w", st.URI(experiment), err)
 	}
 	res := &Result{Checkpoints: []Checkpoint{}}
-	if m, err := readMark(ctx, st, experiment+"/"+MarkFile); err != nil {
+	if m, err := ReadMark(ctx, st, experiment); err != nil {
 		return nil, err
 	} else if m != nil {
 		res.Mark = m
@@ -283,7 +283,10 @@ var rayKeys = map[string]bool{
 	"timesteps_total": true, "timesteps_since_restore": true, "episodes_total": true,
 }
 
-func readMark(ctx context.Context, st Store, name string) (*Mark, error) {
+// ReadMark reads the trainer's completion mark of an experiment folder; nil
+// when the trainer has not written one.
+func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
+	name := strings.TrimSuffix(experiment, "/") + "/" + MarkFile
 	b, err := st.Read(ctx, name, maxMark)
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil

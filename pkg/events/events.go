@@ -46,8 +46,8 @@ type Run struct {
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`
-	GPUHours         float64            `json:"gpuHours,omitempty"`
-	EstimatedCostUSD float64            `json:"estimatedCostUsd,omitempty"`
+	GPUHours         *float64           `json:"gpuHours,omitempty"`
+	EstimatedCostUSD *float64           `json:"estimatedCostUsd,omitempty"`
 	StartedAt        *time.Time         `json:"startedAt,omitempty"`
 	EndedAt          *time.Time         `json:"endedAt,omitempty"`
 }

@@ -70,7 +70,8 @@ func TestEventsValidate(t *testing.T) {
 			r.LatestCheckpoint, r.BestCheckpoint = &ck, &ck
 			r.FinalMetrics = map[string]float64{"train_loss": 1.1}
 			r.Timings = map[string]float64{"RUNNING": 500}
-			r.GPUHours, r.EstimatedCostUSD, r.EndedAt = 2.2, 30.5, &end
+			h, c := 2.2, 30.5
+			r.GPUHours, r.EstimatedCostUSD, r.EndedAt = &h, &c, &end
 			return r
 		}(),
 		"failed": func() events.Run {

@@ -2,17 +2,15 @@ package runs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"time"
 
 	"cloud.google.com/go/storage"
-	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
+
+	"github.com/raydrop/raydrop/pkg/gcsdoc"
 )
 
 // Errors of the store.
@@ -30,8 +28,6 @@ const (
 	// Prefix holds every run record: Prefix + <run ID> + "/" + StatusFile.
 	Prefix     = "runs/"
 	StatusFile = "status.json"
-	maxRecord  = 4 << 20
-	casTries   = 16
 	// Custom metadata kept on each record object, so one listing gives the
 	// phase of every run without reading each record.
 	metaPhase   = "raydrop-phase"
@@ -51,7 +47,7 @@ type Store struct {
 type Summary struct {
 	RunID   string
 	Phase   Phase
-	Cluster string
+	Cluster string // namespace/name
 	Updated time.Time
 }
 
@@ -66,17 +62,22 @@ func (s *Store) now() time.Time {
 func (s *Store) Create(ctx context.Context, r *Record) error {
 	t := s.now()
 	r.CreatedAt, r.UpdatedAt = t, t
-	err := s.write(ctx, r, storage.Conditions{DoesNotExist: true})
-	if isPrecondition(err) {
-		return ErrExists
+	err := gcsdoc.Write(ctx, s.object(r.RunID), r, storage.Conditions{DoesNotExist: true}, meta(r))
+	if gcsdoc.IsPrecondition(err) {
+		return fmt.Errorf("run %s: %w", r.RunID, ErrExists)
 	}
 	return err
 }
 
 // Get reads a record.
 func (s *Store) Get(ctx context.Context, runID string) (*Record, error) {
-	r, _, err := s.read(ctx, runID)
-	return r, err
+	var r Record
+	if _, err := gcsdoc.Read(ctx, s.object(runID), &r); errors.Is(err, gcsdoc.ErrNotFound) {
+		return nil, fmt.Errorf("run %s: %w", runID, ErrNotFound)
+	} else if err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 // Update applies fn to the current record and writes it back if nothing
@@ -84,27 +85,23 @@ func (s *Store) Get(ctx context.Context, runID string) (*Record, error) {
 // called several times and must depend only on the record it is given. It
 // returns the record as stored; with ErrNoChange from fn, the record as read.
 func (s *Store) Update(ctx context.Context, runID string, fn func(*Record) error) (*Record, error) {
-	for range casTries {
-		r, gen, err := s.read(ctx, runID)
-		if err != nil {
-			return nil, err
+	r, err := gcsdoc.Update(ctx, s.object(runID), func(r *Record, exists bool) error {
+		if !exists {
+			return fmt.Errorf("run %s: %w", runID, ErrNotFound)
 		}
-		if err := fn(r); errors.Is(err, ErrNoChange) {
-			return r, nil
-		} else if err != nil {
-			return nil, err
+		if err := fn(r); err != nil {
+			if errors.Is(err, ErrNoChange) {
+				return gcsdoc.ErrNoChange
+			}
+			return err
 		}
 		r.UpdatedAt = s.now()
-		err = s.write(ctx, r, storage.Conditions{GenerationMatch: gen})
-		if isPrecondition(err) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return r, nil
+		return nil
+	}, meta)
+	if errors.Is(err, gcsdoc.ErrConflict) {
+		return nil, fmt.Errorf("update run %s: %w", runID, ErrConflict)
 	}
-	return nil, fmt.Errorf("update run %s: %w", runID, ErrConflict)
+	return r, err
 }
 
 // List summarises every run with one paginated listing of the record prefix.
@@ -127,48 +124,12 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 	}
 }
 
-func (s *Store) read(ctx context.Context, runID string) (*Record, int64, error) {
-	rd, err := s.Bucket.Object(ObjectName(runID)).NewReader(ctx)
-	if errors.Is(err, storage.ErrObjectNotExist) {
-		return nil, 0, fmt.Errorf("run %s: %w", runID, ErrNotFound)
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("read run %s: %w", runID, err)
-	}
-	defer func() { _ = rd.Close() }() // read-only: nothing to lose
-	b, err := io.ReadAll(io.LimitReader(rd, maxRecord))
-	if err != nil {
-		return nil, 0, fmt.Errorf("read run %s: %w", runID, err)
-	}
-	var r Record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, 0, fmt.Errorf("decode run %s: %w", runID, err)
-	}
-	return &r, rd.Attrs.Generation, nil
-}
+func (s *Store) object(runID string) *storage.ObjectHandle { return s.Bucket.Object(ObjectName(runID)) }
 
-func (s *Store) write(ctx context.Context, r *Record, cond storage.Conditions) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode run %s: %w", r.RunID, err)
+func meta(r *Record) map[string]string {
+	cluster := ""
+	if r.Cluster != "" {
+		cluster = r.Namespace + "/" + r.Cluster
 	}
-	w := s.Bucket.Object(ObjectName(r.RunID)).If(cond).NewWriter(ctx)
-	w.ContentType = "application/json"
-	w.Metadata = map[string]string{metaPhase: string(r.Phase), metaCluster: r.Cluster}
-	// One request: the record is small, and a single multipart upload
-	// carries the precondition.
-	w.ChunkSize = 0
-	if _, err := w.Write(b); err != nil {
-		_ = w.Close()
-		return fmt.Errorf("write run %s: %w", r.RunID, err)
-	}
-	if err := w.Close(); err != nil {
-		return fmt.Errorf("write run %s: %w", r.RunID, err)
-	}
-	return nil
-}
-
-func isPrecondition(err error) bool {
-	var ge *googleapi.Error
-	return errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed
+	return map[string]string{metaPhase: string(r.Phase), metaCluster: cluster}
 }

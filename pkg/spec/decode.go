@@ -33,7 +33,7 @@ func Parse(data []byte) (*JobSpec, error) {
 	var ps Problems
 	checkShape(tree, reflect.TypeOf(JobSpec{}), "", &ps)
 	if len(ps) > 0 {
-		return nil, ps
+		return nil, append(ps, remainingProblems(data, ps)...)
 	}
 	s := Defaults()
 	// apiVersion must be written out, never taken from the defaults.
@@ -299,4 +299,59 @@ func article(kind string) string {
 		return "an " + kind
 	}
 	return "a " + kind
+}
+
+// remainingProblems validates what is left of a document once the fields
+// with shape problems are taken out, so one pass reports every problem:
+// a misspelt field and a missing one alike.
+func remainingProblems(data []byte, shape Problems) Problems {
+	var m map[string]any
+	var out Problems
+	// A document that is not an object has only its shape problem.
+	if isObject := json.Unmarshal(data, &m) == nil; !isObject {
+		return out
+	}
+	for _, p := range shape {
+		deletePath(m, p.Path)
+	}
+	s := Defaults()
+	s.APIVersion = ""
+	// m came from valid JSON, so it marshals; its values kept the right
+	// types, so it decodes.
+	b, _ := json.Marshal(m)
+	_ = json.Unmarshal(b, &s)
+	var vs Problems
+	if errors.As(s.Validate(), &vs) {
+		for _, v := range vs {
+			if !coveredBy(v.Path, shape) {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+func deletePath(m map[string]any, path string) {
+	parts := strings.Split(path, ".")
+	for i, k := range parts {
+		if i == len(parts)-1 {
+			delete(m, k)
+			return
+		}
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			return
+		}
+		m = next
+	}
+}
+
+// coveredBy reports whether a shape problem already speaks for path.
+func coveredBy(path string, shape Problems) bool {
+	for _, p := range shape {
+		if path == p.Path || strings.HasPrefix(path, p.Path+".") {
+			return true
+		}
+	}
+	return false
 }

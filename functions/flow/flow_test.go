@@ -1,0 +1,488 @@
+package flow_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/storage"
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/fsouza/fake-gcs-server/fakestorage"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayfake "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned/fake"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/raydrop/raydrop/functions/finalize"
+	"github.com/raydrop/raydrop/functions/monitor"
+	"github.com/raydrop/raydrop/functions/provision"
+	"github.com/raydrop/raydrop/functions/submit"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+const (
+	intake = "raydrop-intake"
+	output = "my-project-raydrop-checkpoints"
+)
+
+// world is the pipeline over real in-memory fakes: fake-gcs-server's
+// in-process server behind the real storage client, KubeRay's and
+// Kubernetes' generated fake clientsets, and a bus that records every
+// published message and delivers it to the function subscribed to its topic.
+type world struct {
+	t      *testing.T
+	ctx    context.Context
+	gcs    *storage.Client
+	deps   *pipeline.Deps
+	ray    *rayfake.Clientset
+	now    time.Time
+	mu     sync.Mutex
+	queue  []msg
+	sent   map[string]int // topic → messages published
+	events []event.Event  // public events, decoded
+	drop   map[string]int // topic → messages to drop (a lost message)
+	seq    int
+}
+
+type msg struct {
+	topic string
+	data  []byte
+	attrs map[string]string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: intake})
+	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: output})
+	w := &world{t: t, ctx: context.Background(), gcs: srv.Client(), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
+	cfg, err := pipeline.LoadConfig(func(k string) string {
+		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.ray = rayfake.NewSimpleClientset()
+	clock := func() time.Time { return w.now }
+	b := w.gcs.Bucket(intake)
+	w.deps = &pipeline.Deps{
+		Config: cfg, Runs: &runs.Store{Bucket: b, Now: clock}, Objects: &pipeline.GCS{Client: w.gcs},
+		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock,
+	}
+	if testing.Verbose() {
+		w.deps.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return w
+}
+
+// Publish records a message for delivery (the Publisher of the functions).
+func (w *world) Publish(_ context.Context, topic string, data []byte, attrs map[string]string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sent[topic]++
+	if topic == w.deps.Config.Topics.Events {
+		e := event.New()
+		e.SetID(attrs["ce-id"])
+		e.SetType(attrs["ce-type"])
+		_ = e.SetData("application/json", data)
+		w.events = append(w.events, e)
+		return nil
+	}
+	if w.drop[topic] > 0 {
+		w.drop[topic]--
+		return nil
+	}
+	w.queue = append(w.queue, msg{topic, data, attrs})
+	return nil
+}
+
+func (w *world) pubsubEvent(topic string, data []byte, attrs map[string]string) event.Event {
+	w.seq++
+	e := event.New()
+	e.SetID(fmt.Sprint(w.seq))
+	e.SetType(pipeline.PubSubPublished)
+	e.SetSource("//pubsub.googleapis.com/projects/p/topics/" + topic)
+	b, _ := json.Marshal(map[string]any{"message": map[string]any{"data": data, "attributes": attrs, "messageId": fmt.Sprint(w.seq)}, "subscription": "projects/p/subscriptions/" + topic})
+	_ = e.SetData("application/json", b)
+	return e
+}
+
+// deliver runs one event through the function subscribed to topic, the
+// way the platform would, through the boundary.
+func (w *world) deliver(topic string, e event.Event) error {
+	t := w.deps.Config.Topics
+	var err error
+	switch topic {
+	case t.Requests, "intake":
+		err = (&provision.Handler{Deps: w.deps}).Handle(w.ctx, e)
+	case t.Provisioned:
+		err = (&submit.Handler{Deps: w.deps}).Handle(w.ctx, e)
+	case t.Submitted, t.Ticks, "marks":
+		err = (&monitor.Handler{Deps: w.deps}).Handle(w.ctx, e)
+	case t.Finished:
+		err = (&finalize.Handler{Deps: w.deps}).Handle(w.ctx, e)
+	default:
+		w.t.Fatalf("no function on topic %s", topic)
+	}
+	return pipeline.Boundary(w.deps.Log, topic, err)
+}
+
+// drain delivers queued messages until none is left.
+func (w *world) drain() {
+	w.t.Helper()
+	for i := 0; i < 200; i++ {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
+			return
+		}
+		m := w.queue[0]
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		if err := w.deliver(m.topic, w.pubsubEvent(m.topic, m.data, m.attrs)); err != nil {
+			w.t.Fatalf("deliver %s %s: %v", m.topic, m.data, err)
+		}
+	}
+	w.t.Fatal("messages kept coming")
+}
+
+func (w *world) upload(name, body string) event.Event {
+	w.t.Helper()
+	wr := w.gcs.Bucket(intake).Object(name).NewWriter(w.ctx)
+	if _, err := io.WriteString(wr, body); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := wr.Close(); err != nil {
+		w.t.Fatal(err)
+	}
+	a := wr.Attrs()
+	e := event.New()
+	e.SetID(fmt.Sprintf("gcs-%d", a.Generation))
+	e.SetType(pipeline.StorageFinalized)
+	e.SetSource("//storage.googleapis.com/projects/_/buckets/" + intake)
+	e.SetSubject("objects/" + name)
+	b, _ := json.Marshal(map[string]any{"bucket": intake, "name": name, "generation": fmt.Sprint(a.Generation), "size": a.Size})
+	_ = e.SetData("application/json", b)
+	return e
+}
+
+func (w *world) tick() {
+	w.t.Helper()
+	if err := w.deliver(w.deps.Config.Topics.Ticks, w.pubsubEvent(w.deps.Config.Topics.Ticks, []byte("tick"), nil)); err != nil {
+		w.t.Fatal(err)
+	}
+	w.drain()
+}
+
+func (w *world) record(runID string) *runs.Record {
+	w.t.Helper()
+	r, err := w.deps.Runs.Get(w.ctx, runID)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return r
+}
+
+// setJob sets a RayJob's status as KubeRay would.
+func (w *world) setJob(runID string, attempt int, dep rayv1.JobDeploymentStatus, js rayv1.JobStatus) {
+	w.t.Helper()
+	jobs := w.ray.RayV1().RayJobs("default")
+	j, err := jobs.Get(w.ctx, names.RayJob(runID, attempt), metav1.GetOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	j.Status.JobDeploymentStatus, j.Status.JobStatus = dep, js
+	if _, err := jobs.UpdateStatus(w.ctx, j, metav1.UpdateOptions{}); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// writeLayout writes what the trainer writes for an attempt: one checkpoint
+// per epoch, result.json, and the completion mark (status "" for none).
+func (w *world) writeLayout(runID string, attempt, epochs int, status string) {
+	w.t.Helper()
+	exp := fmt.Sprintf("raydrop/%s/attempt-%d", runID, attempt)
+	trial := exp + "/TorchTrainer_abcde_00000_0_2026-11-30_10-00-00"
+	var lines []string
+	for e := 0; e < epochs; e++ {
+		ck := fmt.Sprintf("checkpoint_%06d", e)
+		for _, f := range []string{"adapter_model.safetensors", "adapter_config.json"} {
+			w.put(output, trial+"/"+ck+"/checkpoint/"+f, "x")
+		}
+		lines = append(lines, fmt.Sprintf(`{"step": %d, "epoch": %d, "loss": %g, "checkpoint_dir_name": %q}`, (e+1)*10, e+1, 2.0-float64(e)*0.5, ck))
+	}
+	w.put(output, trial+"/result.json", strings.Join(lines, "\n")+"\n")
+	if status != "" {
+		errText := "null"
+		if status == "failed" {
+			errText = `"ValueError: bad data"`
+		}
+		w.put(output, exp+"/raydrop_result.json", fmt.Sprintf(`{"status": %q, "error": %s, "finalMetrics": {"train_loss": 1.1, "train_runtime": 30}}`, status, errText))
+	}
+}
+
+func (w *world) put(bucket, name, body string) {
+	wr := w.gcs.Bucket(bucket).Object(name).NewWriter(w.ctx)
+	_, _ = io.WriteString(wr, body)
+	if err := wr.Close(); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) count(eventType string) int {
+	n := 0
+	for _, e := range w.events {
+		if e.Type() == "dev.raydrop.run.v1."+eventType {
+			n++
+		}
+	}
+	return n
+}
+
+func (w *world) rayJobs() int {
+	l, err := w.ray.RayV1().RayJobs("default").List(w.ctx, metav1.ListOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return len(l.Items)
+}
+
+func (w *world) workers() int32 {
+	rc, err := w.ray.RayV1().RayClusters("default").Get(w.ctx, "gemma3-tuning", metav1.GetOptions{})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var n int32
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		n += *g.Replicas + *g.MinReplicas
+	}
+	return n
+}
+
+func example(t *testing.T) string {
+	b, err := os.ReadFile("../../examples/gemma3-vision.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// runToSuccess takes an admitted, submitted run through running to a
+// succeeded completion mark.
+func (w *world) runToSuccess(runID string, attempt int) {
+	w.setJob(runID, attempt, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.writeLayout(runID, attempt, 3, "succeeded")
+	w.tick()
+}
+
+func TestSuccessWithDuplicateDeliveries(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/gemma3-vision.json", example(t))
+	for range 5 {
+		if err := w.deliver("intake", e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.drain()
+	runID := names.RunIDFromObject(intake, "jobs/gemma3-vision.json", mustGen(t, e))
+	if got := w.record(runID).Phase; got != runs.Submitted {
+		t.Fatalf("phase %s, want SUBMITTED", got)
+	}
+	w.runToSuccess(runID, 1)
+	// Redeliver everything once more: nothing new may happen.
+	for range 5 {
+		_ = w.deliver("intake", e)
+	}
+	w.mu.Lock()
+	w.queue = append(w.queue, msg{w.deps.Config.Topics.Finished, []byte(`{"runId":"` + runID + `","attempt":1}`), nil})
+	w.mu.Unlock()
+	w.drain()
+	w.tick()
+
+	r := w.record(runID)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("phase %s (%s), want SUCCEEDED", r.Phase, r.Reason)
+	}
+	if w.rayJobs() != 1 || w.count("accepted") != 1 || w.count("running") != 1 || w.count("succeeded") != 1 {
+		t.Errorf("rayjobs %d accepted %d running %d succeeded %d; want 1 each", w.rayJobs(), w.count("accepted"), w.count("running"), w.count("succeeded"))
+	}
+	if len(r.Result.Checkpoints) != 3 || r.Result.Latest == nil || r.Result.Best.Name != "checkpoint_000002" {
+		t.Errorf("result %+v", r.Result)
+	}
+	if w.workers() != 0 {
+		t.Errorf("workers %d after the run, want 0", w.workers())
+	}
+	var data map[string]any
+	_ = json.Unmarshal(w.events[len(w.events)-1].Data(), &data)
+	for _, k := range []string{"checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd"} {
+		if _, ok := data[k]; !ok {
+			t.Errorf("succeeded event lacks %s", k)
+		}
+	}
+}
+
+func mustGen(t *testing.T, e event.Event) int64 {
+	var o pipeline.StorageObject
+	if err := json.Unmarshal(e.Data(), &o); err != nil {
+		t.Fatal(err)
+	}
+	return int64(o.Generation)
+}
+
+func TestRejectedSpec(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/bad.json", `{"apiVersion":"raydrop.dev/v1","training":{"epoch":3},"output":{"bucket":"x"}}`)
+	for range 3 {
+		if err := w.deliver("intake", e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := w.record(names.RunIDFromObject(intake, "jobs/bad.json", mustGen(t, e)))
+	if r.Phase != runs.Rejected || len(r.Problems) < 3 {
+		t.Fatalf("phase %s problems %v", r.Phase, r.Problems)
+	}
+	paths := map[string]bool{}
+	for _, p := range r.Problems {
+		paths[p.Path] = true
+	}
+	for _, p := range []string{"training.epoch", "cluster.serviceAccount", "cluster.reservation", "output.bucket"} {
+		if !paths[p] {
+			t.Errorf("no problem named %s: %v", p, r.Problems)
+		}
+	}
+	if w.count("rejected") != 1 || w.rayJobs() != 0 {
+		t.Errorf("rejected events %d, rayjobs %d", w.count("rejected"), w.rayJobs())
+	}
+}
+
+func TestIgnoredObjects(t *testing.T) {
+	w := newWorld(t)
+	for _, name := range []string{"runs/x/notes.json", "clusters/default/c.json", "jobs/sub/x.json", "jobs/x.yaml", "other.json"} {
+		if err := w.deliver("intake", w.upload(name, "{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sums, _ := w.deps.Runs.List(w.ctx); len(sums) != 0 || len(w.events) != 0 {
+		t.Errorf("ignored objects made runs %v or events %d", sums, len(w.events))
+	}
+}
+
+func TestQueueBehindHolder(t *testing.T) {
+	w := newWorld(t)
+	a := w.upload("jobs/a.json", example(t))
+	b := w.upload("jobs/b.json", example(t))
+	_ = w.deliver("intake", a)
+	_ = w.deliver("intake", b)
+	w.drain()
+	ra, rb := names.RunIDFromObject(intake, "jobs/a.json", mustGen(t, a)), names.RunIDFromObject(intake, "jobs/b.json", mustGen(t, b))
+	if w.record(ra).Phase != runs.Submitted || w.record(rb).Phase != runs.Queued {
+		t.Fatalf("phases %s %s, want SUBMITTED QUEUED", w.record(ra).Phase, w.record(rb).Phase)
+	}
+	w.runToSuccess(ra, 1)
+	if w.record(rb).Phase != runs.Submitted {
+		t.Fatalf("second run %s after the first ended, want SUBMITTED", w.record(rb).Phase)
+	}
+	if w.workers() == 0 {
+		t.Error("workers went to zero between the two runs")
+	}
+	w.runToSuccess(rb, 1)
+	if w.record(rb).Phase != runs.Succeeded || w.workers() != 0 || w.count("queued") != 1 {
+		t.Errorf("second run %s, workers %d, queued events %d", w.record(rb).Phase, w.workers(), w.count("queued"))
+	}
+}
+
+func TestCancel(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/c.json", example(t))
+	_ = w.deliver("intake", e)
+	w.drain()
+	runID := names.RunIDFromObject(intake, "jobs/c.json", mustGen(t, e))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	if err := w.deliver(w.deps.Config.Topics.Requests, w.pubsubEvent(w.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": runID})); err != nil {
+		t.Fatal(err)
+	}
+	w.drain()
+	if r := w.record(runID); r.Phase != runs.Cancelled || w.rayJobs() != 0 || w.count("cancelled") != 1 || w.workers() != 0 {
+		t.Errorf("phase %s, rayjobs %d, cancelled events %d, workers %d", r.Phase, w.rayJobs(), w.count("cancelled"), w.workers())
+	}
+}
+
+func TestInfraFailureRetriesAndResumes(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/r.json", example(t))
+	_ = w.deliver("intake", e)
+	w.drain()
+	runID := names.RunIDFromObject(intake, "jobs/r.json", mustGen(t, e))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.writeLayout(runID, 1, 1, "") // one checkpoint, then the head is lost: no mark
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	w.tick()
+	r := w.record(runID)
+	if r.Attempt != 2 || r.Phase != runs.Submitted {
+		t.Fatalf("attempt %d phase %s, want attempt 2 SUBMITTED", r.Attempt, r.Phase)
+	}
+	if a := r.CurrentAttempt(); !strings.HasSuffix(a.ResumeFrom, "attempt-1/TorchTrainer_abcde_00000_0_2026-11-30_10-00-00/checkpoint_000000/checkpoint") {
+		t.Errorf("attempt 2 resumes from %q", a.ResumeFrom)
+	}
+	j, err := w.ray.RayV1().RayJobs("default").Get(w.ctx, names.RayJob(runID, 2), metav1.GetOptions{})
+	if err != nil || !strings.Contains(j.Spec.Entrypoint, "--resume-from gs://"+output) {
+		t.Fatalf("attempt 2 RayJob: %v %v", err, j)
+	}
+	w.runToSuccess(runID, 2)
+	if r := w.record(runID); r.Phase != runs.Succeeded || len(r.Result.Checkpoints) != 4 || w.count("succeeded") != 1 {
+		t.Errorf("phase %s, checkpoints %d, succeeded events %d", r.Phase, len(r.Result.Checkpoints), w.count("succeeded"))
+	}
+}
+
+func TestApplicationFailureIsNotRetried(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/f.json", example(t))
+	_ = w.deliver("intake", e)
+	w.drain()
+	runID := names.RunIDFromObject(intake, "jobs/f.json", mustGen(t, e))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.writeLayout(runID, 1, 0, "failed")
+	w.tick()
+	r := w.record(runID)
+	if r.Phase != runs.Failed || r.Attempt != 1 || !strings.Contains(r.Reason, "ValueError: bad data") || w.count("failed") != 1 || w.workers() != 0 {
+		t.Errorf("phase %s attempt %d reason %q failed events %d workers %d", r.Phase, r.Attempt, r.Reason, w.count("failed"), w.workers())
+	}
+}
+
+func TestDeadlineAndLostFinished(t *testing.T) {
+	w := newWorld(t)
+	e := w.upload("jobs/h.json", example(t))
+	_ = w.deliver("intake", e)
+	w.drain()
+	runID := names.RunIDFromObject(intake, "jobs/h.json", mustGen(t, e))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.drop[w.deps.Config.Topics.Finished] = 1 // the finished message is lost
+	w.now = w.now.Add(25 * time.Hour)
+	w.tick()
+	if r := w.record(runID); r.Phase != runs.Finishing {
+		t.Fatalf("phase %s after the deadline, want FINISHING (its message was dropped)", r.Phase)
+	}
+	w.now = w.now.Add(2 * time.Minute)
+	w.tick() // the sweep resends finished
+	r := w.record(runID)
+	if r.Phase != runs.Failed || !strings.Contains(r.Reason, "deadline") || w.rayJobs() != 0 || w.count("failed") != 1 || w.workers() != 0 {
+		t.Errorf("phase %s reason %q rayjobs %d failed events %d workers %d", r.Phase, r.Reason, w.rayJobs(), w.count("failed"), w.workers())
+	}
+}

@@ -1,0 +1,186 @@
+// Package provision is the Provision function: it takes a job spec from the
+// intake bucket (jobs/<name>.json) or the requests topic, records the run,
+// and brings its RayCluster up, or queues the run behind the one that holds
+// the cluster. Cancellation requests (an object cancel/<runId> or a message
+// with attribute action=cancel) come in the same way.
+package provision
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// Handler handles intake events.
+type Handler struct{ *pipeline.Deps }
+
+// Handle handles one event; see the package comment.
+func (h *Handler) Handle(ctx context.Context, e event.Event) error {
+	switch e.Type() {
+	case pipeline.StorageFinalized:
+		return h.fromObject(ctx, e)
+	case pipeline.PubSubPublished:
+		return h.fromMessage(ctx, e)
+	default:
+		return pipeline.Permanent(fmt.Errorf("unexpected event type %q from %s (want %s or %s)", e.Type(), e.Source(), pipeline.StorageFinalized, pipeline.PubSubPublished))
+	}
+}
+
+func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
+	o, err := pipeline.DecodeObject(e)
+	if err != nil {
+		return err
+	}
+	if o.Bucket != h.Config.IntakeBucket {
+		h.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not the intake bucket")
+		return nil
+	}
+	if id, ok := strings.CutPrefix(o.Name, "cancel/"); ok && !strings.Contains(id, "/") {
+		return h.cancel(ctx, id, fmt.Sprintf("gs://%s/%s", o.Bucket, o.Name))
+	}
+	// Only jobs/<name>.json starts a run: everything the pipeline writes
+	// itself (runs/, clusters/) and anything else is ignored, so nothing loops.
+	if ok, _ := path.Match("jobs/*.json", o.Name); !ok {
+		h.Log.Debug("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not jobs/*.json")
+		return nil
+	}
+	runID := names.RunIDFromObject(o.Bucket, o.Name, int64(o.Generation))
+	source := fmt.Sprintf("gs://%s/%s#%d", o.Bucket, o.Name, o.Generation)
+	data, _, err := h.Objects.Read(ctx, o.Bucket, o.Name, spec.MaxBytes)
+	switch {
+	case errors.Is(err, checkpoints.ErrNotFound):
+		h.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "deleted before it was read")
+		return nil
+	case errors.Is(err, pipeline.ErrTooLarge):
+		data = nil // Parse reports the size problem below
+	case err != nil:
+		return err
+	}
+	return h.admit(ctx, runID, source, names.SpecName(o.Name), data, int64(o.Size))
+}
+
+func (h *Handler) fromMessage(ctx context.Context, e event.Event) error {
+	m, err := pipeline.DecodeMessage(e)
+	if err != nil {
+		return err
+	}
+	attrs := m.Message.Attributes
+	if attrs["action"] == "cancel" {
+		return h.cancel(ctx, attrs["runId"], "message "+m.Message.MessageID)
+	}
+	// The caller's runId is its idempotency key; read it leniently, so even
+	// a spec that is otherwise invalid keeps the ID its caller chose.
+	var peek struct {
+		RunID string `json:"runId"`
+	}
+	_ = json.Unmarshal(m.Message.Data, &peek)
+	runID := peek.RunID
+	if spec.CheckRunID(runID) != "" {
+		runID = names.RunIDFromMessage(pipeline.TopicOf(e), m.Message.MessageID)
+	}
+	source := fmt.Sprintf("pubsub:%s#%s", pipeline.TopicOf(e), m.Message.MessageID)
+	return h.admit(ctx, runID, source, "request", m.Message.Data, int64(len(m.Message.Data)))
+}
+
+// admit creates the run record (REJECTED for a bad spec), announces it, and
+// takes the cluster or queues behind its holder. Every step is idempotent,
+// so a redelivery carries on where an earlier delivery stopped.
+func (h *Handler) admit(ctx context.Context, runID, source, defaultName string, data []byte, size int64) error {
+	rec, err := h.Runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		rec = newRecord(runID, source, defaultName, data, size, h.Deps)
+		if err := h.Runs.Create(ctx, rec); errors.Is(err, runs.ErrExists) {
+			rec, err = h.Runs.Get(ctx, runID)
+			if err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		} else if rec.Phase == runs.Rejected {
+			h.Log.Warn("spec_rejected", "run_id", runID, "source", source, "problems", len(rec.Problems), "reason", rec.Reason)
+		} else {
+			h.Log.Info("run_accepted", "run_id", runID, "source", source, "name", rec.Name)
+		}
+	} else if err != nil {
+		return err
+	}
+	if rec.Phase == runs.Rejected {
+		_, err := h.Announce(ctx, rec, "rejected")
+		return err
+	}
+	if rec, err = h.Announce(ctx, rec, "accepted"); err != nil {
+		return err
+	}
+	if rec.Phase != runs.Accepted {
+		return nil // admitted by an earlier delivery
+	}
+	return h.Admit(ctx, rec)
+}
+
+func newRecord(runID, source, defaultName string, data []byte, size int64, d *pipeline.Deps) *runs.Record {
+	now := d.Time()
+	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: runID, Name: defaultName, Source: source}
+	var s *spec.JobSpec
+	var err error
+	if data == nil && size > spec.MaxBytes {
+		err = spec.Problems{{Path: "$", Message: fmt.Sprintf("spec is %d bytes (at most %d)", size, spec.MaxBytes)}}
+	} else {
+		s, err = spec.Parse(data)
+	}
+	if err != nil {
+		var ps spec.Problems
+		if !errors.As(err, &ps) {
+			ps = spec.Problems{{Path: "$", Message: err.Error()}}
+		}
+		rec.Problems = ps
+		rec.Reason = fmt.Sprintf("invalid job spec: %d problem(s); first: %s", len(ps), ps[0])
+		rec.Enter(runs.Rejected, now)
+		return rec
+	}
+	if s.Name == "" {
+		s.Name = defaultName
+	}
+	rec.Spec, rec.Name, rec.SpecHash = s, s.Name, s.Hash()
+	rec.Cluster, rec.Namespace = s.Cluster.Name, s.Cluster.Namespace
+	rec.Enter(runs.Accepted, now)
+	return rec
+}
+
+// cancel records a cancellation request and asks the monitor to act on it
+// now; the sweep acts on it otherwise.
+func (h *Handler) cancel(ctx context.Context, runID, from string) error {
+	if spec.CheckRunID(runID) != "" {
+		return pipeline.Permanent(fmt.Errorf("cancellation from %s names no valid run id (%q)", from, runID))
+	}
+	rec, err := h.GetRun(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if rec.Phase.Terminal() {
+		h.Log.Info("cancel_ignored", "run_id", runID, "phase", rec.Phase)
+		return nil
+	}
+	rec, err = h.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		if r.CancelRequested || r.Phase.Terminal() {
+			return runs.ErrNoChange
+		}
+		r.CancelRequested = true
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	h.Log.Info("cancel_requested", "run_id", runID, "from", from)
+	return h.Send(ctx, h.Config.Topics.Submitted, pipeline.Step{RunID: runID, Attempt: max(rec.Attempt, 1)})
+}

@@ -1,0 +1,64 @@
+// Package submit is the Submit function: on a provisioned message it
+// creates the RayJob of the run's current attempt (create-or-get, so a
+// redelivery finds the RayJob instead of making another) and asks the
+// monitor to look at it.
+package submit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// Handler handles provisioned messages.
+type Handler struct{ *pipeline.Deps }
+
+// Handle creates the RayJob for the attempt the message names.
+func (h *Handler) Handle(ctx context.Context, e event.Event) error {
+	if e.Type() != pipeline.PubSubPublished {
+		return pipeline.Permanent(fmt.Errorf("unexpected event type %q", e.Type()))
+	}
+	step, err := pipeline.DecodeStep(e)
+	if err != nil {
+		return err
+	}
+	rec, err := h.GetRun(ctx, step.RunID)
+	if err != nil {
+		return err
+	}
+	if rec.Attempt != step.Attempt || rec.Phase != runs.Provisioned {
+		h.Log.Info("duplicate_ignored", "run_id", step.RunID, "attempt", step.Attempt, "phase", rec.Phase, "record_attempt", rec.Attempt)
+		return nil
+	}
+	if rec.CancelRequested {
+		return h.Finish(ctx, rec.RunID, rec.Attempt, pipeline.OutcomeCancelled, "cancelled before the job started")
+	}
+	run := manifests.Run{ID: rec.RunID, Attempt: rec.Attempt, Source: rec.Source, SpecHash: rec.SpecHash}
+	if a := rec.CurrentAttempt(); a != nil {
+		run.ResumeFrom = a.ResumeFrom
+	}
+	if err := run.Validate(); err != nil {
+		return pipeline.Permanent(err)
+	}
+	job := manifests.RayJob(rec.Spec, run)
+	if err := h.CreateRayJob(ctx, job); err != nil {
+		return err
+	}
+	rec, err = h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		if r.Attempt != step.Attempt || r.Phase != runs.Provisioned {
+			return runs.ErrNoChange
+		}
+		r.Enter(runs.Submitted, h.Time())
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	h.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
+	return h.Send(ctx, h.Config.Topics.Submitted, step)
+}

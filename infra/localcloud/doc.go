@@ -1,0 +1,2 @@
+// Package localcloud runs raydrop's whole pipeline on one machine.
+package localcloud

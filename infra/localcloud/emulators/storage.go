@@ -1,0 +1,173 @@
+package emulators
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"cloud.google.com/go/storage"
+	"google.golang.org/api/option"
+)
+
+// FakeGCSVersion is the fake-gcs-server release the local cloud runs, built
+// from infra/tools/fakegcs.
+const FakeGCSVersion = "v1.56.1"
+
+// FakeGCSEnv names the environment variable that, when set, gives the path
+// of the fake-gcs-server binary.
+const FakeGCSEnv = "RAYDROP_FAKE_GCS"
+
+// FakeGCSBinary returns the fake-gcs-server binary: $RAYDROP_FAKE_GCS, else
+// $RAYDROP_CACHE/bin/fake-gcs-server-<FakeGCSVersion> (RAYDROP_CACHE
+// defaulting to ~/.cache/raydrop, where the Makefile's tools build it).
+func FakeGCSBinary() (string, error) {
+	if b := os.Getenv(FakeGCSEnv); b != "" {
+		if _, err := os.Stat(b); err != nil {
+			return "", fmt.Errorf("%s: %w", FakeGCSEnv, err)
+		}
+		return b, nil
+	}
+	cache := os.Getenv("RAYDROP_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		cache = filepath.Join(home, ".cache", "raydrop")
+	}
+	b := filepath.Join(cache, "bin", "fake-gcs-server-"+FakeGCSVersion)
+	if _, err := os.Stat(b); err != nil {
+		return "", fmt.Errorf("fake-gcs-server %s not found at %s: run `make tools` in the repository root "+
+			"(it builds infra/tools/fakegcs), or set %s to a fake-gcs-server binary", FakeGCSVersion, b, FakeGCSEnv)
+	}
+	return b, nil
+}
+
+// Storage is a running fake-gcs-server, the Cloud Storage emulator.
+type Storage struct {
+	// Host is the emulator's address, 127.0.0.1:port, the value of
+	// STORAGE_EMULATOR_HOST for the clients that use it.
+	Host string
+
+	proc *child
+}
+
+// StartStorage starts fake-gcs-server (binary, see FakeGCSBinary) on a free
+// port of 127.0.0.1 with an in-memory backend and returns once it serves.
+// Its output goes to logDir/fake-gcs-server.log (discarded when logDir is
+// empty).
+//
+// When notifyTopic is not empty, the topic is created on pubsub and every
+// object event of every bucket (OBJECT_FINALIZE, OBJECT_DELETE,
+// OBJECT_METADATA_UPDATE) is published to it in the Cloud Storage
+// notification format (payload JSON_API_V1), as a bucket notification
+// configuration without an event-type filter does; an Eventarc trigger's
+// filters then pick what they match. Buckets' own notification
+// configurations (the notificationConfigs API) work as well.
+func StartStorage(ctx context.Context, binary string, pubsub *PubSub, notifyTopic string, logDir string) (*Storage, error) {
+	if _, err := os.Stat(binary); err != nil {
+		return nil, fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	var env []string
+	if pubsub != nil {
+		env = pubsub.Env()
+	}
+	if notifyTopic != "" {
+		if pubsub == nil {
+			return nil, errors.New("fake-gcs-server: a notification topic needs the pubsub emulator")
+		}
+		if err := pubsub.CreateTopics(ctx, notifyTopic); err != nil {
+			return nil, err
+		}
+	}
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ { // the second attempt covers a lost race for the port
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		argv := []string{binary,
+			"-scheme", "http", "-host", "127.0.0.1", "-port", strconv.Itoa(port),
+			"-backend", "memory",
+			// The Go client reads objects through the XML API at its endpoint's
+			// host; fake-gcs-server serves those reads for the public host only.
+			"-public-host", "127.0.0.1",
+		}
+		if notifyTopic != "" {
+			argv = append(argv,
+				"-event.pubsub-project-id", pubsub.Project,
+				"-event.pubsub-topic", notifyTopic,
+				"-event.list", "finalize,delete,metadataUpdate")
+		}
+		proc, err := startChild("fake-gcs-server", logDir, argv, env, nil)
+		if err != nil {
+			return nil, err
+		}
+		host := "127.0.0.1:" + strconv.Itoa(port)
+		err = waitHealthy(ctx, proc, "http://"+host+"/_internal/healthcheck", 30*time.Second)
+		if err == nil {
+			return &Storage{Host: host, proc: proc}, nil
+		}
+		_ = proc.stop()
+		lastErr = fmt.Errorf("fake-gcs-server on port %d: %w\n%s", port, err, proc.tail())
+		if !errors.Is(err, errExited) {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+// Stop kills the emulator and waits for it to exit; its port is free when
+// Stop returns. Stop may be called more than once.
+func (s *Storage) Stop() error { return s.proc.stop() }
+
+// Env is the environment a client of this emulator needs.
+func (s *Storage) Env() []string {
+	return []string{"STORAGE_EMULATOR_HOST=" + s.Host}
+}
+
+// URL is the emulator's base URL, http://127.0.0.1:port.
+func (s *Storage) URL() string { return "http://" + s.Host }
+
+// NewClient returns a Cloud Storage client of the emulator; the caller
+// closes it.
+func (s *Storage) NewClient(ctx context.Context) (*storage.Client, error) {
+	return storage.NewClient(ctx,
+		option.WithEndpoint(s.URL()+"/storage/v1/"),
+		option.WithoutAuthentication(),
+	)
+}
+
+// waitHealthy polls url until it answers 200, the process exits, ctx ends
+// or the timeout passes.
+func waitHealthy(ctx context.Context, c *child, url string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hc := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := hc.Do(req); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-c.done:
+			return errExited
+		case <-ctx.Done():
+			return fmt.Errorf("%s not healthy: %w", c.name, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}

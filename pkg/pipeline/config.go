@@ -1,0 +1,86 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Topics names every Pub/Sub topic the pipeline uses.
+type Topics struct {
+	Requests    string
+	Provisioned string
+	Submitted   string
+	Ticks       string
+	Finished    string
+	Events      string
+}
+
+// Config is the functions' configuration, read once from RAYDROP_*
+// environment variables.
+type Config struct {
+	Project      string        // RAYDROP_PROJECT: Google Cloud project of the topics
+	IntakeBucket string        // RAYDROP_INTAKE_BUCKET: jobs/ in, runs/ and clusters/ kept here
+	Topics       Topics        // RAYDROP_TOPIC_<NAME>, defaults raydrop-<name>
+	EventSource  string        // RAYDROP_EVENT_SOURCE: ce-source of public events
+	Kubeconfig   string        // RAYDROP_KUBECONFIG: a kubeconfig file (local cloud)
+	GKECluster   string        // RAYDROP_GKE_CLUSTER: projects/P/locations/L/clusters/C
+	EventBus     string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
+	ScaleDownAge time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
+	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
+}
+
+// LoadConfig reads the configuration from getenv (os.Getenv when nil) and
+// reports every missing or malformed variable at once.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var errs []error
+	get := func(name, def string) string {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			return v
+		}
+		return def
+	}
+	need := func(name string) string {
+		v := get(name, "")
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is not set", name))
+		}
+		return v
+	}
+	c := Config{
+		Project:      need("RAYDROP_PROJECT"),
+		IntakeBucket: need("RAYDROP_INTAKE_BUCKET"),
+		Topics: Topics{
+			Requests:    get("RAYDROP_TOPIC_REQUESTS", "raydrop-requests"),
+			Provisioned: get("RAYDROP_TOPIC_PROVISIONED", "raydrop-provisioned"),
+			Submitted:   get("RAYDROP_TOPIC_SUBMITTED", "raydrop-submitted"),
+			Ticks:       get("RAYDROP_TOPIC_TICKS", "raydrop-ticks"),
+			Finished:    get("RAYDROP_TOPIC_FINISHED", "raydrop-finished"),
+			Events:      get("RAYDROP_TOPIC_EVENTS", "raydrop-events"),
+		},
+		EventSource: get("RAYDROP_EVENT_SOURCE", "//raydrop.dev/raydrop"),
+		Kubeconfig:  get("RAYDROP_KUBECONFIG", ""),
+		GKECluster:  get("RAYDROP_GKE_CLUSTER", ""),
+		EventBus:    get("RAYDROP_EVENT_BUS", ""),
+	}
+	if c.Kubeconfig == "" && c.GKECluster == "" {
+		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))
+	}
+	var err error
+	if c.ScaleDownAge, err = time.ParseDuration(get("RAYDROP_SCALE_DOWN_GRACE", "10m")); err != nil || c.ScaleDownAge < 0 {
+		errs = append(errs, fmt.Errorf("RAYDROP_SCALE_DOWN_GRACE %q is not a duration such as 10m", getenv("RAYDROP_SCALE_DOWN_GRACE")))
+	}
+	if c.GPUHourUSD, err = strconv.ParseFloat(get("RAYDROP_GPU_HOUR_USD", "10"), 64); err != nil || c.GPUHourUSD < 0 {
+		errs = append(errs, fmt.Errorf("RAYDROP_GPU_HOUR_USD %q is not a non-negative number", getenv("RAYDROP_GPU_HOUR_USD")))
+	}
+	if len(errs) > 0 {
+		return c, fmt.Errorf("configuration: %w", errors.Join(errs...))
+	}
+	return c, nil
+}

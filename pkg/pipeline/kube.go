@@ -1,0 +1,133 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+)
+
+// kubeErr marks what the API server refused for good (an invalid or
+// forbidden object) as permanent; the rest is worth a redelivery.
+func kubeErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("%s: %w", what, err)
+	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
+		return Permanent(err)
+	}
+	return err
+}
+
+// EnsureConfigMap creates the ConfigMap unless it exists. Its name carries
+// its content hash, so an existing one is the same.
+func (d *Deps) EnsureConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+	_, err := d.Kube.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return kubeErr("create configmap "+cm.Namespace+"/"+cm.Name, err)
+}
+
+// EnsureCluster creates the RayCluster, or scales an existing one's worker
+// groups back up to the desired replicas and minimum.
+func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error {
+	rcs := d.Ray.RayV1().RayClusters(want.Namespace)
+	_, err := rcs.Create(ctx, want, metav1.CreateOptions{})
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return kubeErr("create raycluster "+want.Namespace+"/"+want.Name, err)
+	}
+	return kubeErr("scale up raycluster "+want.Namespace+"/"+want.Name, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := rcs.Get(ctx, want.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		changed := false
+		for i := range cur.Spec.WorkerGroupSpecs {
+			g := &cur.Spec.WorkerGroupSpecs[i]
+			for _, w := range want.Spec.WorkerGroupSpecs {
+				if w.GroupName != g.GroupName {
+					continue
+				}
+				if !equal(g.Replicas, w.Replicas) || !equal(g.MinReplicas, w.MinReplicas) {
+					g.Replicas, g.MinReplicas = w.Replicas, w.MinReplicas
+					changed = true
+				}
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}))
+}
+
+func equal(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// ScaleToZero sets replicas and minReplicas of every worker group to 0
+// (KubeRay would clamp replicas up to minReplicas otherwise). A cluster that
+// is gone needs nothing.
+func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) error {
+	rcs := d.Ray.RayV1().RayClusters(namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := rcs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		zero := int32(0)
+		changed := false
+		for i := range cur.Spec.WorkerGroupSpecs {
+			g := &cur.Spec.WorkerGroupSpecs[i]
+			if !equal(g.Replicas, &zero) || !equal(g.MinReplicas, &zero) {
+				g.Replicas, g.MinReplicas = &zero, &zero
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return kubeErr("scale raycluster "+namespace+"/"+name+" to zero", err)
+}
+
+// HasWorkers reports whether a cluster's spec asks for any worker.
+func HasWorkers(rc *rayv1.RayCluster) bool {
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		if g.Replicas != nil && *g.Replicas > 0 || g.MinReplicas != nil && *g.MinReplicas > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// CreateRayJob creates the RayJob unless it exists.
+func (d *Deps) CreateRayJob(ctx context.Context, job *rayv1.RayJob) error {
+	_, err := d.Ray.RayV1().RayJobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return kubeErr("create rayjob "+job.Namespace+"/"+job.Name, err)
+}
+
+// DeleteRayJob deletes a RayJob; KubeRay's finalizer stops its Ray job.
+func (d *Deps) DeleteRayJob(ctx context.Context, namespace, name string) error {
+	err := d.Ray.RayV1().RayJobs(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return kubeErr("delete rayjob "+namespace+"/"+name, err)
+}

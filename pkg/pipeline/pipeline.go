@@ -1,0 +1,248 @@
+// Package pipeline is the machinery the four functions share: their
+// dependencies, the messages that chain them, the cluster lease that queues
+// runs behind each other, public events, and the boundary that turns errors
+// into acknowledgements or redeliveries.
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// Runs keeps run records (runs.Store in production).
+type Runs interface {
+	Create(ctx context.Context, r *runs.Record) error
+	Get(ctx context.Context, runID string) (*runs.Record, error)
+	Update(ctx context.Context, runID string, fn func(*runs.Record) error) (*runs.Record, error)
+	List(ctx context.Context) ([]runs.Summary, error)
+}
+
+// ErrTooLarge is returned by Objects.Read for an object over its limit.
+var ErrTooLarge = errors.New("object too large")
+
+// Objects reads Cloud Storage objects.
+type Objects interface {
+	// Read returns an object's content and custom metadata; a missing object
+	// is checkpoints.ErrNotFound, one larger than limit ErrTooLarge.
+	Read(ctx context.Context, bucket, name string, limit int64) ([]byte, map[string]string, error)
+	// Bucket is a checkpoints.Store over a bucket.
+	Bucket(bucket string) checkpoints.Store
+}
+
+// Publisher publishes Pub/Sub messages.
+type Publisher interface {
+	Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error
+}
+
+// Deps are what every function needs.
+type Deps struct {
+	Config    Config
+	Runs      Runs
+	Objects   Objects
+	Publisher Publisher
+	Leases    *Leases
+	Ray       rayclient.Interface
+	Kube      kubernetes.Interface
+	Log       *slog.Logger
+	Now       func() time.Time
+}
+
+// Time is the current time in UTC.
+func (d *Deps) Time() time.Time {
+	if d.Now != nil {
+		return d.Now().UTC()
+	}
+	return time.Now().UTC()
+}
+
+// Step is the message that chains the functions: which run, which attempt.
+type Step struct {
+	RunID   string `json:"runId"`
+	Attempt int    `json:"attempt"`
+}
+
+// Send publishes a step message to topic.
+func (d *Deps) Send(ctx context.Context, topic string, s Step) error {
+	b, _ := json.Marshal(s)
+	if err := d.Publisher.Publish(ctx, topic, b, map[string]string{"runId": s.RunID}); err != nil {
+		return fmt.Errorf("publish %s for run %s: %w", topic, s.RunID, err)
+	}
+	return nil
+}
+
+// Announce publishes the public event of phase for the record once: a
+// record that says it has gone out is not announced again. The event is sent
+// before the record is marked, so a crash in between sends it again with the
+// same CloudEvent ID, which subscribers use to drop the copy.
+func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*runs.Record, error) {
+	p := runs.Phase(phaseName(phase))
+	if r.WasPublished(p) {
+		return r, nil
+	}
+	e, err := events.New(d.Config.EventSource, EventData(r, phase, d.Config), d.Time())
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Publisher.Publish(ctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e)); err != nil {
+		return nil, fmt.Errorf("publish %s event of run %s: %w", phase, r.RunID, err)
+	}
+	d.Log.Info("event_published", "run_id", r.RunID, "type", e.Type())
+	return d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
+		if cur.WasPublished(p) {
+			return runs.ErrNoChange
+		}
+		cur.MarkPublished(p)
+		return nil
+	})
+}
+
+func phaseName(event string) string {
+	switch event {
+	case "accepted":
+		return string(runs.Accepted)
+	case "rejected":
+		return string(runs.Rejected)
+	case "queued":
+		return string(runs.Queued)
+	case "running":
+		return string(runs.Running)
+	case "succeeded":
+		return string(runs.Succeeded)
+	case "failed":
+		return string(runs.Failed)
+	case "cancelled":
+		return string(runs.Cancelled)
+	}
+	return event
+}
+
+// EventData is the data of a run's public event of phase.
+func EventData(r *runs.Record, phase string, cfg Config) events.Run {
+	d := events.Run{
+		RunID: r.RunID, Name: r.Name, Source: r.Source, SpecHash: r.SpecHash,
+		Phase: phase, Reason: r.Reason, Problems: r.Problems, Attempt: r.Attempt, Cluster: r.Cluster,
+	}
+	if !events.Terminal[phase] {
+		return d
+	}
+	end := r.UpdatedAt
+	if t, ok := r.Times[r.Phase]; ok {
+		end = t
+	}
+	d.EndedAt = &end
+	if t, ok := r.Times[runs.Accepted]; ok {
+		d.StartedAt = &t
+	} else if !r.CreatedAt.IsZero() {
+		c := r.CreatedAt
+		d.StartedAt = &c
+	}
+	d.Timings = timings(r, end)
+	if r.Result != nil {
+		d.Checkpoints = r.Result.Checkpoints
+		d.LatestCheckpoint = r.Result.Latest
+		d.BestCheckpoint = r.Result.Best
+		d.FinalMetrics = r.Result.FinalMetrics
+	}
+	h := GPUHours(r, end)
+	cost := h * cfg.GPUHourUSD
+	d.GPUHours, d.EstimatedCostUSD = &h, &cost
+	return d
+}
+
+// timings is the seconds spent in each phase the run went through.
+func timings(r *runs.Record, end time.Time) map[string]float64 {
+	type entry struct {
+		p runs.Phase
+		t time.Time
+	}
+	var es []entry
+	for p, t := range r.Times {
+		es = append(es, entry{p, t})
+	}
+	for i := range es {
+		for j := i + 1; j < len(es); j++ {
+			if es[j].t.Before(es[i].t) {
+				es[i], es[j] = es[j], es[i]
+			}
+		}
+	}
+	out := map[string]float64{}
+	for i, e := range es {
+		next := end
+		if i+1 < len(es) {
+			next = es[i+1].t
+		}
+		if !e.p.Terminal() {
+			out[string(e.p)] = next.Sub(e.t).Seconds()
+		}
+	}
+	out["total"] = end.Sub(r.CreatedAt).Seconds()
+	return out
+}
+
+// GPUHours is the GPU time the run held: for every attempt, the GPUs its
+// workers use times the time from its RayJob's creation to its end.
+func GPUHours(r *runs.Record, end time.Time) float64 {
+	if r.Spec == nil {
+		return 0
+	}
+	gpus := float64(r.Spec.Training.Workers)
+	var h float64
+	for _, a := range r.Attempts {
+		stop := end
+		if a.EndedAt != nil {
+			stop = *a.EndedAt
+		}
+		if d := stop.Sub(a.CreatedAt); d > 0 {
+			h += d.Hours() * gpus
+		}
+	}
+	return h
+}
+
+// permanent marks an error no redelivery can fix.
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
+
+// Permanent wraps err so the boundary acknowledges the event.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanent{err}
+}
+
+// IsPermanent reports whether err was marked Permanent.
+func IsPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p)
+}
+
+// Boundary logs a handler's failure once and decides the reply: nil (the
+// platform acknowledges) for success and permanent errors, the error (HTTP
+// 500, redelivery with backoff) for the rest.
+func Boundary(log *slog.Logger, function string, err error, attrs ...any) error {
+	if err == nil {
+		return nil
+	}
+	attrs = append(attrs, "function", function, "error", err.Error())
+	if IsPermanent(err) {
+		log.Error("event_dropped", attrs...)
+		return nil
+	}
+	log.Warn("event_retry", attrs...)
+	return err
+}

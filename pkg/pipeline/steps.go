@@ -1,0 +1,140 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// Outcomes recorded when a RayJob ends, before finalize.
+const (
+	OutcomeSucceeded = "succeeded"
+	OutcomeFailed    = "failed"    // the training code failed, or the run cannot go on
+	OutcomeCancelled = "cancelled" // a user asked
+)
+
+// StartAttempt brings the run's cluster up for attempt n (1 for a new run,
+// n+1 for a retry resuming from resumeFrom), records it as PROVISIONED and
+// sends the provisioned message. It is safe to repeat.
+// For a retry, why the previous attempt ended goes into its record.
+func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom, prevReason string) error {
+	rec, err := d.Runs.Get(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if rec.Spec == nil {
+		return Permanent(fmt.Errorf("run %s has no spec", runID))
+	}
+	code, err := manifests.TrainerCode()
+	if err != nil {
+		return Permanent(err)
+	}
+	if err := d.EnsureConfigMap(ctx, manifests.TrainerConfigMap(rec.Spec, code)); err != nil {
+		return err
+	}
+	if err := d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code)); err != nil {
+		return err
+	}
+	rec, err = d.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		first := n == 1 && (r.Phase == runs.Accepted || r.Phase == runs.Queued)
+		retry := n == r.Attempt+1 && (r.Phase == runs.Submitted || r.Phase == runs.Running)
+		if !first && !retry {
+			return runs.ErrNoChange
+		}
+		if prev := r.CurrentAttempt(); prev != nil && prev.EndedAt == nil {
+			now := d.Time()
+			prev.EndedAt, prev.Outcome, prev.Reason = &now, "retried", prevReason
+		}
+		r.Attempt = n
+		r.Attempts = append(r.Attempts, runs.Attempt{N: n, RayJob: names.RayJob(runID, n), ResumeFrom: resumeFrom, CreatedAt: d.Time()})
+		r.Enter(runs.Provisioned, d.Time())
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if rec.Attempt != n || rec.Phase != runs.Provisioned {
+		return nil // another delivery moved it on already
+	}
+	d.Log.Info("attempt_started", "run_id", runID, "attempt", n, "resume_from", resumeFrom)
+	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: n})
+}
+
+// Finish records how the current attempt ended and sends the run to
+// finalize. It is safe to repeat; only the first outcome counts.
+func (d *Deps) Finish(ctx context.Context, runID string, attempt int, outcome, reason string) error {
+	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		if r.Attempt != attempt || r.Phase.Rank() >= runs.Finishing.Rank() {
+			return runs.ErrNoChange
+		}
+		now := d.Time()
+		r.Outcome, r.Reason = outcome, reason
+		if a := r.CurrentAttempt(); a != nil && a.EndedAt == nil {
+			a.EndedAt, a.Outcome, a.Reason = &now, outcome, reason
+		}
+		r.Enter(runs.Finishing, now)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if rec.Phase != runs.Finishing {
+		return nil
+	}
+	d.Log.Info("run_finishing", "run_id", runID, "attempt", attempt, "outcome", rec.Outcome, "reason", rec.Reason)
+	return d.Send(ctx, d.Config.Topics.Finished, Step{RunID: runID, Attempt: rec.Attempt})
+}
+
+// GetRun reads a record; a run that does not exist is permanent for the
+// message that named it.
+func (d *Deps) GetRun(ctx context.Context, runID string) (*runs.Record, error) {
+	rec, err := d.Runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return nil, Permanent(err)
+	}
+	return rec, err
+}
+
+// Experiment is where an attempt's Ray Train experiment lives: its bucket
+// and the object prefix of its experiment folder.
+func Experiment(rec *runs.Record, attempt int) (bucket, prefix string) {
+	p := manifests.StoragePath(rec.Spec, rec.RunID) + "/" + manifests.ExperimentName(attempt)
+	rest := strings.TrimPrefix(p, "gs://")
+	bucket, prefix, _ = strings.Cut(rest, "/")
+	return bucket, prefix
+}
+
+// Admit gives an accepted or queued run its cluster when the cluster is
+// free, and starts its first attempt; otherwise it queues the run behind
+// the holder and announces that once.
+func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
+	lease, err := d.Leases.Acquire(ctx, rec.Namespace, rec.Cluster, rec.RunID)
+	if err != nil {
+		return err
+	}
+	if lease.Holder == rec.RunID {
+		return d.StartAttempt(ctx, rec.RunID, 1, "", "")
+	}
+	rec, err = d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		if r.Phase != runs.Accepted {
+			return runs.ErrNoChange
+		}
+		r.Reason = "waiting for cluster " + r.Cluster + " held by run " + lease.Holder
+		r.Enter(runs.Queued, d.Time())
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if rec.Phase != runs.Queued {
+		return nil
+	}
+	d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", lease.Holder)
+	_, err = d.Announce(ctx, rec, "queued")
+	return err
+}

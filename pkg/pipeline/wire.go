@@ -1,0 +1,211 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+
+	container "cloud.google.com/go/container/apiv1"
+	"cloud.google.com/go/container/apiv1/containerpb"
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/storage"
+	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+	"golang.org/x/oauth2"
+	"golang.org/x/oauth2/google"
+	"google.golang.org/api/iterator"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/logging"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// NewDeps builds the production dependencies from the environment: the
+// Cloud Storage and Pub/Sub clients (which honour STORAGE_EMULATOR_HOST and
+// PUBSUB_EMULATOR_HOST) and the Kubernetes clients for the GKE cluster or
+// the kubeconfig.
+func NewDeps(ctx context.Context) (*Deps, error) {
+	log := logging.New(os.Stdout, slog.LevelInfo)
+	cfg, err := LoadConfig(nil)
+	if err != nil {
+		return nil, err
+	}
+	gcs, err := storage.NewClient(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("storage client: %w", err)
+	}
+	ps, err := pubsub.NewClient(ctx, cfg.Project)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub client: %w", err)
+	}
+	rc, err := kubeConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ray, err := rayclient.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kuberay client: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	bucket := gcs.Bucket(cfg.IntakeBucket)
+	return &Deps{
+		Config:    cfg,
+		Runs:      &runs.Store{Bucket: bucket},
+		Objects:   &GCS{Client: gcs},
+		Publisher: &PubSub{Client: ps},
+		Leases:    &Leases{Bucket: bucket},
+		Ray:       ray,
+		Kube:      kube,
+		Log:       log,
+	}, nil
+}
+
+func kubeConfig(ctx context.Context, cfg Config) (*rest.Config, error) {
+	if cfg.Kubeconfig != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
+		}
+		return rc, nil
+	}
+	cm, err := container.NewClusterManagerClient(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("container client: %w", err)
+	}
+	defer func() { _ = cm.Close() }()
+	c, err := cm.GetCluster(ctx, &containerpb.GetClusterRequest{Name: cfg.GKECluster})
+	if err != nil {
+		return nil, fmt.Errorf("get GKE cluster %s: %w", cfg.GKECluster, err)
+	}
+	ca, err := base64.StdEncoding.DecodeString(c.GetMasterAuth().GetClusterCaCertificate())
+	if err != nil {
+		return nil, fmt.Errorf("GKE cluster %s CA: %w", cfg.GKECluster, err)
+	}
+	ts, err := google.DefaultTokenSource(ctx, "https://www.googleapis.com/auth/cloud-platform")
+	if err != nil {
+		return nil, fmt.Errorf("credentials for GKE: %w", err)
+	}
+	return &rest.Config{
+		Host:            "https://" + c.GetEndpoint(),
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return &oauth2.Transport{Source: ts, Base: rt}
+		},
+	}, nil
+}
+
+// GCS implements Objects over Cloud Storage.
+type GCS struct{ Client *storage.Client }
+
+// Read reads an object with its custom metadata.
+func (g *GCS) Read(ctx context.Context, bucket, name string, limit int64) ([]byte, map[string]string, error) {
+	rd, err := g.Client.Bucket(bucket).Object(name).NewReader(ctx)
+	if errors.Is(err, storage.ErrObjectNotExist) {
+		return nil, nil, checkpoints.ErrNotFound
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read gs://%s/%s: %w", bucket, name, err)
+	}
+	defer func() { _ = rd.Close() }() // read-only: nothing to lose
+	if rd.Attrs.Size > limit {
+		return nil, nil, fmt.Errorf("gs://%s/%s is %d bytes: %w", bucket, name, rd.Attrs.Size, ErrTooLarge)
+	}
+	b, err := io.ReadAll(io.LimitReader(rd, limit+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read gs://%s/%s: %w", bucket, name, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, nil, fmt.Errorf("gs://%s/%s: %w", bucket, name, ErrTooLarge)
+	}
+	attrs, err := g.Client.Bucket(bucket).Object(name).Attrs(ctx)
+	if err != nil {
+		return b, nil, nil // the content is what matters
+	}
+	return b, attrs.Metadata, nil
+}
+
+// Bucket is a checkpoints.Store over a bucket.
+func (g *GCS) Bucket(bucket string) checkpoints.Store { return bucketStore{g, bucket} }
+
+type bucketStore struct {
+	g      *GCS
+	bucket string
+}
+
+func (b bucketStore) List(ctx context.Context, prefix string) ([]string, error) {
+	it := b.g.Client.Bucket(b.bucket).Objects(ctx, &storage.Query{Prefix: prefix})
+	var out []string
+	for {
+		a, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if errors.Is(err, storage.ErrBucketNotExist) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a.Name)
+	}
+}
+
+func (b bucketStore) Read(ctx context.Context, name string, limit int64) ([]byte, error) {
+	data, _, err := b.g.Read(ctx, b.bucket, name, limit)
+	return data, err
+}
+
+func (b bucketStore) URI(name string) string {
+	return "gs://" + b.bucket + "/" + strings.TrimPrefix(name, "/")
+}
+
+// PubSub implements Publisher with one publisher per topic.
+type PubSub struct {
+	Client *pubsub.Client
+	mu     sync.Mutex
+	pubs   map[string]*pubsub.Publisher
+}
+
+// Publish publishes one message and waits for the server's acknowledgement.
+func (p *PubSub) Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error {
+	p.mu.Lock()
+	if p.pubs == nil {
+		p.pubs = map[string]*pubsub.Publisher{}
+	}
+	pub, ok := p.pubs[topic]
+	if !ok {
+		pub = p.Client.Publisher(topic)
+		pub.PublishSettings.DelayThreshold = 0
+		p.pubs[topic] = pub
+	}
+	p.mu.Unlock()
+	_, err := pub.Publish(ctx, &pubsub.Message{Data: data, Attributes: attrs}).Get(ctx)
+	return err
+}
+
+// Serve is the body of every function's entry point: it builds the
+// dependencies once (on the first event, never at import time), runs the
+// handler and turns its error into the reply through Boundary.
+func Serve(ctx context.Context, function string, deps func() (*Deps, error), handle func(context.Context, *Deps) error) error {
+	d, err := deps()
+	if err != nil {
+		slog.Error("function_not_configured", "function", function, "error", err.Error())
+		return err
+	}
+	return Boundary(d.Log, function, handle(ctx, d))
+}
+
+// Default is the process's production dependencies, built on first use.
+var Default = sync.OnceValues(func() (*Deps, error) { return NewDeps(context.Background()) })
