@@ -33,19 +33,25 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: tools ## Validate and render the example job and check it against a real API server
-	$(GO) run ./cmd/raydrop validate examples/gemma3-vision.json
-	$(GO) run ./cmd/raydrop render examples/gemma3-vision.json --run-id example-run
-	$(GO) test ./pkg/manifests -run TestServerSideDryRun -count=1 -v
+run: tools ## The example job end to end on the local cloud (no account needed)
+	cd infra/localcloud && $(GO) run ./cmd/localcloud run --repo ../..
+
+.PHONY: dev
+dev: tools ## Start the local cloud and keep it up (prints the variables that point clients at it)
+	cd infra/localcloud && $(GO) run ./cmd/localcloud dev --repo ../..
 
 ##@ Development
 
 .PHONY: test
-test: lint go-test trainer-contract ## Everything CI runs: lint, Go tests (API server included), trainer tests and the layout contract
+test: lint go-test localcloud-test trainer-contract ## Everything CI runs: lint, Go tests, the end-to-end suite on the local cloud, trainer tests and the layout contract
 
 .PHONY: go-test
 go-test: tools ## Go tests with the race detector against a real kube-apiserver + etcd
 	$(GO) test $(GO_TEST_FLAGS) ./...
+
+.PHONY: localcloud-test
+localcloud-test: tools ## The local cloud's own tests and the end-to-end suite on it (real emulators, kube-apiserver, KubeRay reconcilers)
+	cd infra/localcloud && $(GO) test -count=1 -shuffle=on -timeout 15m ./...
 
 .PHONY: trainer-contract
 trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
@@ -54,8 +60,9 @@ trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go ch
 	$(GO) test -count=1 -run TestTrainerLayoutContract -v ./pkg/checkpoints -args -layout $(LAYOUT_DIR)
 
 .PHONY: lint
-lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check
+lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check, on both Go modules
 	$(GOLANGCI) run ./...
+	cd infra/localcloud && $(GOLANGCI) run --config ../../.golangci.yml ./...
 
 .PHONY: fmt
 fmt: $(GOLANGCI) ## Format the Go code

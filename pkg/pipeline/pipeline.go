@@ -81,28 +81,59 @@ func (d *Deps) Send(ctx context.Context, topic string, s Step) error {
 	return nil
 }
 
-// Announce publishes the public event of phase for the record once: a
-// record that says it has gone out is not announced again. The event is sent
-// before the record is marked, so a crash in between sends it again with the
-// same CloudEvent ID, which subscribers use to drop the copy.
+// claimFor is how long a delivery's claim to publish an event holds off
+// the others.
+const claimFor = 30 * time.Second
+
+// errClaimed means another delivery is publishing the event right now.
+var errClaimed = errors.New("another delivery is publishing this event")
+
+// Announce publishes the public event of phase for the record once. A
+// delivery first claims the event in the record (compare-and-swap), so
+// concurrent deliveries never both publish; it marks the event published
+// after Pub/Sub took it. Only a delivery that dies between the two leaves a
+// stale claim, and the next one then publishes again under the same
+// CloudEvent ID, which subscribers can use to drop the copy.
 func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*runs.Record, error) {
 	p := runs.Phase(phaseName(phase))
 	if r.WasPublished(p) {
 		return r, nil
 	}
-	e, err := events.New(d.Config.EventSource, EventData(r, phase, d.Config), d.Time())
+	now := d.Time()
+	r, err := d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
+		if cur.WasPublished(p) {
+			return runs.ErrNoChange
+		}
+		if t, ok := cur.Publishing[p]; ok && now.Sub(t) < claimFor {
+			return errClaimed
+		}
+		if cur.Publishing == nil {
+			cur.Publishing = map[runs.Phase]time.Time{}
+		}
+		cur.Publishing[p] = now
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("announce %s of run: %w", phase, err)
+	}
+	if r.WasPublished(p) {
+		return r, nil
+	}
+	e, err := events.New(d.Config.EventSource, EventData(r, phase, d.Config), now)
 	if err != nil {
 		return nil, err
 	}
 	if err := d.Publisher.Publish(ctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e)); err != nil {
+		_, _ = d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
+			delete(cur.Publishing, p) // let the redelivery try again at once
+			return nil
+		})
 		return nil, fmt.Errorf("publish %s event of run %s: %w", phase, r.RunID, err)
 	}
 	d.Log.Info("event_published", "run_id", r.RunID, "type", e.Type())
 	return d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
-		if cur.WasPublished(p) {
-			return runs.ErrNoChange
-		}
 		cur.MarkPublished(p)
+		delete(cur.Publishing, p)
 		return nil
 	})
 }

@@ -86,6 +86,10 @@ type Record struct {
 	// Published lists the phases whose public event has gone out, so a
 	// redelivered message publishes nothing new.
 	Published []Phase `json:"published,omitempty"`
+	// Publishing holds, per phase, when a delivery claimed the right to
+	// publish its event; a fresh claim keeps concurrent deliveries from
+	// publishing it twice, a stale one (its claimer died) lets another try.
+	Publishing map[Phase]time.Time `json:"publishing,omitempty"`
 
 	// Times records when the run entered each phase.
 	Times     map[Phase]time.Time `json:"times"`

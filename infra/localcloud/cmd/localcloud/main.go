@@ -1,0 +1,211 @@
+// Command localcloud runs raydrop's whole pipeline on this machine.
+//
+//	localcloud run [SPEC]   start the stack, drop SPEC (default the example) into the
+//	                        intake bucket, follow the run to its end, print the completion
+//	                        event, check the workers are gone, stop everything
+//	localcloud dev          start the stack and keep it up until Ctrl-C, printing the
+//	                        variables that point clients at it
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string) int {
+	fs := flag.NewFlagSet("localcloud", flag.ContinueOnError)
+	repo := fs.String("repo", "../..", "repository root")
+	tick := fs.Duration("tick", 2*time.Second, "scheduler tick interval")
+	timeout := fs.Duration("timeout", 5*time.Minute, "longest the run may take (run mode)")
+	verbose := fs.Bool("v", false, "log the stack's internals")
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: localcloud run [SPEC] | localcloud dev")
+		return 2
+	}
+	mode := args[0]
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	specFile := filepath.Join(*repo, "examples", "gemma3-vision.json")
+	if fs.NArg() > 0 {
+		specFile = fs.Arg(0)
+	}
+	data, err := os.ReadFile(specFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
+		return 1
+	}
+	s, err := spec.Parse(data)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "localcloud: %s is not a valid spec: %v\n", specFile, err)
+		return 1
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if *verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	st, err := stack.Start(ctx, stack.Options{Repo: *repo, Tick: *tick, OutputBuckets: []string{s.Output.Bucket}, Log: log, Progress: os.Stdout})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
+		return 1
+	}
+	defer func() {
+		fmt.Println("localcloud: stopping every process it started")
+		st.Stop()
+	}()
+	switch mode {
+	case "dev":
+		fmt.Println("localcloud: up. Point clients at it with:")
+		for _, e := range st.Env() {
+			fmt.Println("  export " + e)
+		}
+		fmt.Printf("  # intake bucket %s, topics raydrop-requests, raydrop-events, …\n", stack.IntakeBucket)
+		fmt.Println("localcloud: Ctrl-C stops it")
+		<-ctx.Done()
+		return 0
+	case "run":
+		rctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		if err := demo(rctx, st, specFile, data); err != nil {
+			fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "localcloud: unknown mode %q (run or dev)\n", mode)
+	return 2
+}
+
+// demo drops the spec into the intake bucket and follows the run.
+func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) error {
+	sub := "raydrop-events-localcloud"
+	if _, err := st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: st.PubSub.SubscriptionName(sub), Topic: st.PubSub.TopicName(stack.Topics.Events), AckDeadlineSeconds: 30,
+	}); err != nil {
+		return fmt.Errorf("subscribe to events: %w", err)
+	}
+	evs := make(chan *pubsub.Message, 64)
+	go func() {
+		_ = st.PS.Subscriber(sub).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+			m.Ack()
+			evs <- m
+		})
+	}()
+
+	object := "jobs/" + filepath.Base(specFile)
+	w := st.GCS.Bucket(stack.IntakeBucket).Object(object).NewWriter(ctx)
+	w.ContentType = "application/json"
+	// The simulated Ray job: 3 epochs of 4 steps, slow enough to watch.
+	w.Metadata = map[string]string{stack.SimMetadata: "steps=4,step=700ms"}
+	if _, err := w.Write(data); err != nil {
+		return err
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("upload %s: %w", object, err)
+	}
+	runID := names.RunIDFromObject(stack.IntakeBucket, object, w.Attrs().Generation)
+	fmt.Printf("uploaded gs://%s/%s → run %s\n", stack.IntakeBucket, object, runID)
+
+	store := &runs.Store{Bucket: st.GCS.Bucket(stack.IntakeBucket)}
+	var final *events.Run
+	lastPhase, lastStep := runs.Phase(""), int64(-1)
+	start := time.Now()
+	poll := time.NewTicker(300 * time.Millisecond)
+	defer poll.Stop()
+	for final == nil {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("run %s did not end in time (phase %s)", runID, lastPhase)
+		case m := <-evs:
+			e, err := events.FromPubSub(m.Attributes, m.Data)
+			if err != nil {
+				return fmt.Errorf("bad event: %w", err)
+			}
+			fmt.Printf("%6.1fs  event %s\n", time.Since(start).Seconds(), e.Type())
+			var d events.Run
+			_ = json.Unmarshal(e.Data(), &d)
+			if events.Terminal[d.Phase] {
+				final = &d
+				pretty, _ := json.MarshalIndent(d, "", "  ")
+				fmt.Printf("completion event %s (id %s):\n%s\n", e.Type(), e.ID(), pretty)
+			}
+		case <-poll.C:
+			r, err := store.Get(ctx, runID)
+			if errors.Is(err, runs.ErrNotFound) {
+				continue
+			} else if err != nil {
+				return err
+			}
+			if r.Phase != lastPhase {
+				fmt.Printf("%6.1fs  phase %s %s\n", time.Since(start).Seconds(), r.Phase, r.Reason)
+				lastPhase = r.Phase
+			}
+			if p := r.Progress; p != nil && p.Step != lastStep {
+				loss := ""
+				if p.Loss != nil {
+					loss = fmt.Sprintf(" loss %.3f", *p.Loss)
+				}
+				fmt.Printf("%6.1fs  training step %d epoch %.2f%s\n", time.Since(start).Seconds(), p.Step, p.Epoch, loss)
+				lastStep = p.Step
+			}
+		}
+	}
+	if final.Phase != "succeeded" {
+		return fmt.Errorf("run %s ended %s: %s", runID, final.Phase, final.Reason)
+	}
+	for _, c := range final.Checkpoints {
+		bucket, prefix, _ := strings.Cut(strings.TrimPrefix(c.URI, "gs://"), "/")
+		if _, err := st.GCS.Bucket(bucket).Object(prefix + "/adapter_model.safetensors").Attrs(ctx); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", c.URI, err)
+		}
+		fmt.Printf("checkpoint %s (step %d, epoch %g): adapter present\n", c.URI, c.Step, c.Epoch)
+	}
+	kube, err := kubernetes.NewForConfig(st.Sim.Config)
+	if err != nil {
+		return err
+	}
+	for {
+		pods, err := kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: "ray.io/node-type=worker"})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) == 0 {
+			fmt.Println("worker pods: 0 (scaled to zero)")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d worker pods still running", len(pods.Items))
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,213 @@
+// Package kubesim is the Kubernetes side of the local cloud: a real etcd and
+// kube-apiserver with the KubeRay CRDs, KubeRay's own RayCluster and RayJob
+// reconcilers running in-process, and stand-ins for what a cluster adds
+// around them:
+//
+//   - a kubelet, which marks every Pod Running and Ready;
+//   - a Job controller, which drives the KubeRay submitter batch/v1 Job's
+//     status the way `ray job submit` exiting would;
+//   - a garbage collector, which deletes objects whose controlling owner is
+//     gone;
+//   - a Ray head (KubeRay's FakeRayDashboardClient, scripted per job) and a
+//     player that stands in for the trainer: for each submitted Ray job it
+//     writes into Cloud Storage the layout the real trainer and Ray Train V1
+//     write (result.json, checkpoint_00000N folders, the raydrop_result.json
+//     completion mark), following a Scenario.
+//
+// Everything listens on 127.0.0.1 only.
+package kubesim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"cloud.google.com/go/storage"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// Options configure Start.
+type Options struct {
+	// Assets is the folder holding the etcd and kube-apiserver binaries
+	// (default $KUBEBUILDER_ASSETS).
+	Assets string
+	// CRDDir is the folder of KubeRay's CRDs (default: config/crd/bases of
+	// the KubeRay module in the module cache, found with `go list -m`).
+	CRDDir string
+	// Storage is the Cloud Storage client the player writes through (for
+	// the local cloud, one talking to fake-gcs-server through
+	// STORAGE_EMULATOR_HOST). Nil: Ray jobs still play on the dashboard but
+	// write nothing.
+	Storage *storage.Client
+	// Project is the project ID buckets are created in (default "localcloud").
+	Project string
+	// Scenario says how each RayJob's Ray job plays; nil plays every job
+	// with DefaultScenario. It is called once per submission.
+	Scenario func(ctx context.Context, job *rayv1.RayJob) Scenario
+	// Log receives the simulator's records; KubeRay's and
+	// controller-runtime's go to it too, info as Debug and errors as Warn.
+	// Nil discards everything.
+	Log *slog.Logger
+}
+
+// Outcome is how a simulated Ray job ends.
+type Outcome string
+
+const (
+	// Succeed trains every step, saves every checkpoint, writes a
+	// succeeded completion mark; the Ray job ends SUCCEEDED.
+	Succeed Outcome = "succeed"
+	// Fail raises an application error at step At: a failed completion
+	// mark, error.txt in the trial folder; the Ray job ends FAILED.
+	Fail Outcome = "fail"
+	// LoseHead loses the Ray head at step At: its Pod is deleted (the
+	// RayCluster reconciler recreates it), no mark is written, and the new
+	// head no longer knows the job. KubeRay then fails the RayJob.
+	LoseHead Outcome = "lose-head"
+	// Hang stops making progress at step At and stays RUNNING until the
+	// job is stopped (deleting the RayJob stops it).
+	Hang Outcome = "hang"
+)
+
+// Scenario is how one Ray job plays.
+type Scenario struct {
+	Outcome Outcome
+	// At is the global step at which fail, lose-head or hang happens: the
+	// steps before it are reported, step At is not. It is clamped to the
+	// steps the run has (a resumed run starts after its checkpoint's step).
+	// Ignored for succeed.
+	At int
+	// StepsPerEpoch is the optimizer steps per epoch (default 4).
+	StepsPerEpoch int
+	// StepTime is the wall time of one optimizer step (default 150ms).
+	StepTime time.Duration
+	// PendingFor is how long the job is PENDING before RUNNING (default 300ms).
+	PendingFor time.Duration
+	// Error is the application error of a failing run, as the trainer
+	// writes it ("SomeError: message"). Default: a RuntimeError naming the step.
+	Error string
+}
+
+// DefaultScenario is a run that succeeds.
+func DefaultScenario() Scenario {
+	return Scenario{Outcome: Succeed, StepsPerEpoch: 4, StepTime: 150 * time.Millisecond, PendingFor: 300 * time.Millisecond}
+}
+
+func (sc Scenario) withDefaults() Scenario {
+	d := DefaultScenario()
+	if sc.Outcome == "" {
+		sc.Outcome = d.Outcome
+	}
+	if sc.StepsPerEpoch <= 0 {
+		sc.StepsPerEpoch = d.StepsPerEpoch
+	}
+	if sc.StepTime <= 0 {
+		sc.StepTime = d.StepTime
+	}
+	if sc.PendingFor <= 0 {
+		sc.PendingFor = d.PendingFor
+	}
+	return sc
+}
+
+// JobStatusLost is a JobRecord status beside Ray's own: the head that ran
+// the job is gone and the new head does not know the job (the dashboard
+// answers 404).
+const JobStatusLost rayv1.JobStatus = "LOST"
+
+// JobRecord is what the player did for one Ray job.
+type JobRecord struct {
+	SubmissionID string            `json:"submissionId"`
+	RayJob       string            `json:"rayJob"`  // namespace/name
+	Cluster      string            `json:"cluster"` // RayCluster name
+	Scenario     Scenario          `json:"scenario"`
+	Args         map[string]string `json:"args"`                 // the trainer flags, without "--"
+	Experiment   string            `json:"experiment,omitempty"` // gs://bucket/prefix/experiment
+	Trial        string            `json:"trial,omitempty"`      // trial folder URI
+	ResumedFrom  int               `json:"resumedFrom"`          // global step of --resume-from, or 0
+	LastStep     int               `json:"lastStep"`             // last step reported
+	TotalSteps   int               `json:"totalSteps"`
+	Checkpoints  []string          `json:"checkpoints"` // checkpoint_00000N folder URIs, oldest first
+	Mark         string            `json:"mark,omitempty"`
+	Status       rayv1.JobStatus   `json:"status"` // PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED or LOST
+	Error        string            `json:"error,omitempty"`
+	HeadPod      string            `json:"headPod,omitempty"` // the head Pod deleted by lose-head
+	StopCalls    int               `json:"stopCalls"`
+	Submitted    time.Time         `json:"submitted"`
+	Started      time.Time         `json:"started,omitzero"`
+	Ended        time.Time         `json:"ended,omitzero"`
+}
+
+// Sim is a running Kubernetes side of the local cloud.
+type Sim struct {
+	// Config reaches the API server as cluster admin.
+	Config *rest.Config
+	// Client is the manager's client: cached reads, direct writes.
+	Client client.Client
+
+	o          Options
+	log        *slog.Logger
+	env        *envtest.Environment
+	kubeconfig []byte
+	cancel     context.CancelFunc
+	mgrDone    chan error
+	dash       *dashboard
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Kubeconfig is a kubeconfig for a cluster-admin user (client certificate,
+// server https://127.0.0.1:PORT, CA inline) that other processes and kubectl
+// can use.
+func (s *Sim) Kubeconfig() []byte { return append([]byte(nil), s.kubeconfig...) }
+
+// WriteKubeconfig writes Kubeconfig to path with mode 0600.
+func (s *Sim) WriteKubeconfig(path string) error {
+	if err := os.WriteFile(path, s.kubeconfig, 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// Played returns a record per Ray job submitted so far, in submission order.
+func (s *Sim) Played() []JobRecord { return s.dash.records() }
+
+// Stop stops the players and the manager, then the API server and etcd,
+// and removes their data. It is safe to call more than once.
+func (s *Sim) Stop() error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		if s.cancel != nil {
+			s.cancel()
+		}
+		if s.dash != nil {
+			s.dash.wait(10 * time.Second)
+		}
+		if s.mgrDone != nil {
+			select {
+			case err := <-s.mgrDone:
+				if err != nil && !errors.Is(err, context.Canceled) {
+					errs = append(errs, fmt.Errorf("manager: %w", err))
+				}
+			case <-time.After(15 * time.Second):
+				errs = append(errs, errors.New("manager did not stop within 15s"))
+			}
+		}
+		if s.env != nil {
+			if err := s.env.Stop(); err != nil {
+				errs = append(errs, fmt.Errorf("stop kube-apiserver and etcd: %w", err))
+			}
+		}
+		s.stopErr = errors.Join(errs...)
+		s.log.Info("kubesim stopped", "err", s.stopErr)
+	})
+	return s.stopErr
+}

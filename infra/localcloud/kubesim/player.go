@@ -1,0 +1,514 @@
+package kubesim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// play is one submitted Ray job: its dashboard status and the trainer
+// stand-in that writes its storage layout.
+type play struct {
+	d          *dashboard
+	id         string
+	rayJobID   string // Ray's own job ID (the driver's), as the dashboard reports it
+	rayJob     types.NamespacedName
+	job        types.UID // the submitter Job that submitted it
+	entrypoint string
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+
+	mu      sync.Mutex
+	rec     JobRecord
+	failMsg string
+}
+
+var rayJobSeq struct {
+	sync.Mutex
+	n int
+}
+
+func newPlay(d *dashboard, job *batchv1.Job, id string) *play {
+	rayJobSeq.Lock()
+	rayJobSeq.n++
+	n := rayJobSeq.n
+	rayJobSeq.Unlock()
+	p := &play{d: d, id: id, rayJobID: fmt.Sprintf("%02x000000", n+1), job: job.UID, stopCh: make(chan struct{})}
+	if owner := metav1.GetControllerOf(job); owner != nil && owner.Kind == "RayJob" {
+		p.rayJob = types.NamespacedName{Namespace: job.Namespace, Name: owner.Name}
+	}
+	p.rec = JobRecord{
+		SubmissionID: id,
+		RayJob:       p.rayJob.String(),
+		Status:       rayv1.JobStatusPending,
+		Submitted:    time.Now(),
+		Args:         map[string]string{},
+		Checkpoints:  []string{},
+	}
+	return p
+}
+
+func (p *play) snapshot() JobRecord {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.rec
+	r.Checkpoints = append([]string{}, p.rec.Checkpoints...)
+	r.Args = make(map[string]string, len(p.rec.Args))
+	for k, v := range p.rec.Args {
+		r.Args[k] = v
+	}
+	return r
+}
+
+func (p *play) update(f func(r *JobRecord)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(&p.rec)
+}
+
+func (p *play) failMessage() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failMsg != "" {
+		return p.failMsg
+	}
+	return msgFailed
+}
+
+// stopJob is `ray job stop`: a pending or running job ends STOPPED.
+func (p *play) stopJob() {
+	p.update(func(r *JobRecord) { r.StopCalls++ })
+	p.stopOnce.Do(func() { close(p.stopCh) })
+}
+
+// end sets a terminal status.
+func (p *play) end(st rayv1.JobStatus, errText, msg string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rec.Status = st
+	p.rec.Error = errText
+	p.rec.Ended = time.Now()
+	if msg != "" {
+		p.failMsg = msg
+	}
+}
+
+var errStopped = errors.New("stopped")
+
+// sleep waits d, or returns errStopped once the job is stopped, or the
+// context's error.
+func (p *play) sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-p.stopCh:
+		return errStopped
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *play) log() *slog.Logger {
+	return p.d.sim.log.With("submissionId", p.id, "rayJob", p.rayJob.String())
+}
+
+// run plays the job to its end.
+func (p *play) run(ctx context.Context) {
+	log := p.log()
+	s := p.d.sim
+	rj := &rayv1.RayJob{}
+	if err := s.Client.Get(ctx, p.rayJob, rj); err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("Ray job submitted without a RayJob to read", "err", err)
+		p.end(rayv1.JobStatusFailed, "", msgBadFlags)
+		return
+	}
+	p.entrypoint = rj.Spec.Entrypoint
+	cluster := rj.Status.RayClusterName
+	if cluster == "" {
+		cluster = rj.Spec.ClusterSelector[utils.RayJobClusterSelectorKey]
+	}
+	sc := DefaultScenario()
+	if s.o.Scenario != nil {
+		sc = s.o.Scenario(ctx, rj.DeepCopy())
+	}
+	sc = sc.withDefaults()
+	args, argErr := parseEntrypoint(rj.Spec.Entrypoint)
+	p.update(func(r *JobRecord) {
+		r.Cluster, r.Scenario = cluster, sc
+		if args != nil {
+			for k, v := range args.all {
+				r.Args[k] = v
+			}
+		}
+	})
+	log.Info("Ray job submitted", "scenario", sc.Outcome, "at", sc.At)
+
+	switch err := p.sleep(ctx, sc.PendingFor); {
+	case errors.Is(err, errStopped):
+		p.end(rayv1.JobStatusStopped, "", "")
+		return
+	case err != nil:
+		return
+	}
+	p.update(func(r *JobRecord) { r.Status, r.Started = rayv1.JobStatusRunning, time.Now() })
+	if argErr != nil {
+		log.Info("trainer rejected its flags", "err", argErr)
+		p.end(rayv1.JobStatusFailed, "usage error: "+argErr.Error(), msgBadFlags)
+		return
+	}
+
+	t := &trainer{p: p, a: args, sc: sc, st: newStore(s.o.Storage, s.o.Project), cluster: cluster, ns: rj.Namespace}
+	outcome, errText := t.train(ctx)
+	switch outcome {
+	case "":
+		return // the simulator stopped
+	case rayv1.JobStatusSucceeded:
+		p.end(rayv1.JobStatusSucceeded, "", "")
+	case rayv1.JobStatusFailed:
+		p.end(rayv1.JobStatusFailed, errText, "")
+	case rayv1.JobStatusStopped:
+		p.end(rayv1.JobStatusStopped, "", "")
+	case JobStatusLost:
+		p.end(JobStatusLost, "", "")
+	}
+	r := p.snapshot()
+	log.Info("Ray job ended", "status", r.Status, "lastStep", r.LastStep, "checkpoints", len(r.Checkpoints), "err", r.Error)
+}
+
+// trainer writes what the real trainer and Ray Train V1 write.
+type trainer struct {
+	p       *play
+	a       *trainerArgs
+	sc      Scenario
+	st      *store
+	cluster string
+	ns      string
+
+	trial    string // trial folder object name
+	trialID  string
+	date     string
+	started  time.Time
+	rows     []map[string]any
+	history  []map[string]any // trainer_state log_history, resumed history first
+	ckpts    []string         // checkpoint dir names of this trial
+	latest   any              // latest checkpoint dir name or nil
+	resumed  int
+	lossSum  float64
+	lossN    int
+	lastIter time.Time
+}
+
+// train runs the steps and returns the Ray job's terminal status, "" if the
+// simulator stopped first, and the application error of a failed run.
+func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
+	a, sc := t.a, t.sc
+	exp := a.experimentName()
+	now := time.Now().UTC()
+	t.started, t.lastIter = now, now
+	t.date = now.Format("2006-01-02_15-04-05")
+	t.trialID = fmt.Sprintf("%05x_00000", rand.IntN(1<<20))
+	t.trial = joinName(exp, fmt.Sprintf("TorchTrainer_%s_0_%s", t.trialID, t.date))
+	t.latest = nil
+	t.p.update(func(r *JobRecord) {
+		r.Experiment = gsURI(a.bucket, exp)
+		r.Trial = gsURI(a.bucket, t.trial)
+	})
+
+	// Ray Train validates the storage path, then writes the experiment and
+	// trial metadata.
+	if err := t.st.ensureBucket(ctx, a.bucket); err != nil {
+		return t.abort(ctx, fmt.Sprintf("OSError: storage %s is not writable: %v", a.storagePath, err), false)
+	}
+	if err := t.writeStart(ctx); err != nil {
+		return t.abort(ctx, fmt.Sprintf("OSError: write to %s: %v", a.storagePath, err), false)
+	}
+
+	// Resume: the checkpoint's trainer_state.json says where training stands.
+	if a.resumeFrom != "" {
+		step, hist, err := t.readResume(ctx)
+		if err != nil {
+			return t.abort(ctx, err.Error(), true)
+		}
+		t.resumed, t.history = step, hist
+		t.p.update(func(r *JobRecord) { r.ResumedFrom = step })
+	}
+
+	total := a.maxSteps
+	if total <= 0 {
+		total = a.epochs * sc.StepsPerEpoch
+	}
+	t.p.update(func(r *JobRecord) { r.TotalSteps, r.LastStep = total, t.resumed })
+	at := -1
+	if sc.Outcome != Succeed {
+		at = min(max(sc.At, t.resumed+1), max(total, t.resumed+1))
+	}
+
+	for step := t.resumed + 1; step <= total || step == at; step++ {
+		if step == at {
+			switch sc.Outcome {
+			case Fail:
+				msg := sc.Error
+				if msg == "" {
+					msg = fmt.Sprintf("RuntimeError: simulated training failure at step %d", step)
+				}
+				return t.fail(ctx, msg, step)
+			case LoseHead:
+				return t.loseHead(ctx, step)
+			case Hang:
+				t.p.log().Info("Ray job hangs", "step", step)
+				select {
+				case <-t.p.stopCh:
+					return rayv1.JobStatusStopped, ""
+				case <-ctx.Done():
+					return "", ""
+				}
+			}
+		}
+		switch err := t.p.sleep(ctx, sc.StepTime); {
+		case errors.Is(err, errStopped):
+			return rayv1.JobStatusStopped, ""
+		case err != nil:
+			return "", ""
+		}
+		if err := t.step(ctx, step, total); err != nil {
+			if ctx.Err() != nil {
+				return "", ""
+			}
+			return t.fail(ctx, fmt.Sprintf("OSError: %v", err), step)
+		}
+	}
+	if err := t.finish(ctx, total); err != nil {
+		if ctx.Err() != nil {
+			return "", ""
+		}
+		return t.fail(ctx, fmt.Sprintf("OSError: %v", err), total)
+	}
+	if err := t.writeMark(ctx, "succeeded", nil); err != nil {
+		if ctx.Err() != nil {
+			return "", ""
+		}
+		return rayv1.JobStatusFailed, fmt.Sprintf("OSError: write completion mark: %v", err)
+	}
+	return rayv1.JobStatusSucceeded, ""
+}
+
+// abort ends a run that failed before training: the mark is still written.
+func (t *trainer) abort(ctx context.Context, errText string, trialWritten bool) (rayv1.JobStatus, string) {
+	if ctx.Err() != nil {
+		return "", ""
+	}
+	if trialWritten {
+		_ = t.st.put(ctx, t.a.bucket, t.trial+"/error.txt", []byte(t.errorTxt(errText)))
+	} else {
+		t.trial = ""
+	}
+	_ = t.writeMark(ctx, "failed", errText)
+	return rayv1.JobStatusFailed, errText
+}
+
+func (t *trainer) fail(ctx context.Context, errText string, step int) (rayv1.JobStatus, string) {
+	if ctx.Err() != nil {
+		return "", ""
+	}
+	t.p.log().Info("Ray job fails", "step", step, "err", errText)
+	_ = t.st.put(ctx, t.a.bucket, t.trial+"/error.txt", []byte(t.errorTxt(errText)))
+	_ = t.writeExperimentState(ctx, "ERROR")
+	if err := t.writeMark(ctx, "failed", errText); err != nil && ctx.Err() != nil {
+		return "", ""
+	}
+	return rayv1.JobStatusFailed, errText
+}
+
+// loseHead deletes the RayCluster's head Pod, as a lost node would. The
+// job dies with its head and leaves no completion mark.
+func (t *trainer) loseHead(ctx context.Context, step int) (rayv1.JobStatus, string) {
+	c := t.p.d.sim.Client
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.InNamespace(t.ns), client.MatchingLabels{
+		utils.RayClusterLabelKey: t.cluster, utils.RayNodeTypeLabelKey: string(rayv1.HeadNode),
+	}); err != nil && ctx.Err() != nil {
+		return "", ""
+	}
+	var names []string
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if err := c.Delete(ctx, pod); err == nil {
+			names = append(names, pod.Name)
+		}
+	}
+	t.p.update(func(r *JobRecord) { r.HeadPod = strings.Join(names, ",") })
+	t.p.log().Info("Ray head lost", "step", step, "cluster", t.cluster, "headPod", names)
+	return JobStatusLost, ""
+}
+
+// metrics of one optimizer step: the loss falls with the global step.
+func (t *trainer) metrics(step, total int) map[string]any {
+	a := t.a
+	perStep := float64(a.numWorkers * a.batchSize * a.gradAccum)
+	done := float64(step - t.resumed)
+	lr := a.learningRate
+	if warm := int(math.Ceil(a.warmupRatio * float64(total))); warm > 0 && step < warm {
+		lr = a.learningRate * float64(step) / float64(warm)
+	}
+	return map[string]any{
+		"loss":                round(0.35+2.4*math.Exp(-float64(step)/12), 4),
+		"grad_norm":           0.4 + 2.0*math.Exp(-float64(step)/8),
+		"learning_rate":       lr,
+		"num_tokens":          done * perStep * 413,
+		"num_loss_tokens":     done * perStep * 40,
+		"mean_token_accuracy": 0.9 - 0.5*math.Exp(-float64(step)/10),
+		"epoch":               round(float64(step)/float64(t.sc.StepsPerEpoch), 4),
+		"step":                step,
+	}
+}
+
+func (t *trainer) saves(step, total int) bool {
+	if step == total {
+		return true
+	}
+	if t.a.saveStrategy == "steps" {
+		return step%t.a.saveSteps == 0
+	}
+	return step%t.sc.StepsPerEpoch == 0
+}
+
+// rayKeys adds what Ray Tune adds to every reported result.
+func (t *trainer) rayKeys(m map[string]any, ckpt any) {
+	now := time.Now()
+	m["timestamp"] = now.Unix()
+	m["checkpoint_dir_name"] = ckpt
+	m["done"] = false
+	m["training_iteration"] = len(t.rows) + 1
+	m["trial_id"] = t.trialID
+	m["date"] = now.UTC().Format("2006-01-02_15-04-05")
+	m["time_this_iter_s"] = now.Sub(t.lastIter).Seconds()
+	m["time_total_s"] = now.Sub(t.started).Seconds()
+	m["time_since_restore"] = now.Sub(t.started).Seconds()
+	m["iterations_since_restore"] = len(t.rows) + 1
+	m["pid"] = 4242
+	m["hostname"] = t.cluster + "-head"
+	m["node_ip"] = "10.244.0.2"
+	m["config"] = map[string]any{"train_loop_config": t.loopConfig()}
+	if t.a.resumeFrom != "" {
+		m["resumed_from_step"] = t.resumed
+		m["resumed_optimizer_step"] = t.resumed
+		m["resumed_scheduler_step"] = t.resumed
+	}
+	t.lastIter = now
+}
+
+// step reports one optimizer step; at a save, the checkpoint is persisted
+// before the report that names it, as Ray Train does.
+func (t *trainer) step(ctx context.Context, step, total int) error {
+	m := t.metrics(step, total)
+	logEntry := map[string]any{}
+	for k, v := range m {
+		logEntry[k] = v
+	}
+	t.history = append(t.history, logEntry)
+	if l, ok := m["loss"].(float64); ok {
+		t.lossSum += l
+		t.lossN++
+	}
+	var ckpt any
+	if t.saves(step, total) {
+		name := fmt.Sprintf("checkpoint_%06d", len(t.ckpts))
+		if err := t.writeCheckpoint(ctx, name, step, total); err != nil {
+			return err
+		}
+		t.ckpts = append(t.ckpts, name)
+		t.latest = name
+		ckpt = name
+		m["should_checkpoint"] = true
+		t.p.update(func(r *JobRecord) { r.Checkpoints = append(r.Checkpoints, gsURI(t.a.bucket, t.trial+"/"+name)) })
+	}
+	m["latest_checkpoint_dir_name"] = t.latest
+	t.rayKeys(m, ckpt)
+	t.rows = append(t.rows, m)
+	if err := t.writeResults(ctx); err != nil {
+		return err
+	}
+	t.p.update(func(r *JobRecord) { r.LastStep = step })
+	return nil
+}
+
+// finish reports the end-of-training line.
+func (t *trainer) finish(ctx context.Context, total int) error {
+	last := map[string]any{}
+	if n := len(t.history); n > 0 {
+		for k, v := range t.history[n-1] {
+			last[k] = v
+		}
+	} else {
+		last = t.metrics(total, total)
+	}
+	runtime := time.Since(t.started).Seconds()
+	steps := total - t.resumed
+	if steps < 0 {
+		steps = 0
+	}
+	perStep := float64(t.a.numWorkers * t.a.batchSize * t.a.gradAccum)
+	tokens := float64(steps) * perStep * 413
+	trainLoss := 0.0
+	if t.lossN > 0 {
+		trainLoss = t.lossSum / float64(t.lossN)
+	}
+	last["train_runtime"] = round(runtime, 4)
+	last["train_samples_per_second"] = round(float64(steps)*perStep/runtime, 3)
+	last["train_steps_per_second"] = round(float64(steps)/runtime, 3)
+	last["train_loss"] = trainLoss
+	last["train_tokens"] = tokens
+	last["train_loss_tokens"] = float64(steps) * perStep * 40
+	last["tokens_per_second"] = tokens / runtime
+	last["train_steps"] = steps
+	last["global_step"] = max(total, t.resumed)
+	last["total_flos"] = 0.0
+	last["latest_checkpoint_dir_name"] = t.latest
+	t.rayKeys(last, nil)
+	t.rows = append(t.rows, last)
+	if err := t.writeResults(ctx); err != nil {
+		return err
+	}
+	return t.writeExperimentState(ctx, "TERMINATED")
+}
+
+func round(f float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(f*p) / p
+}
+
+func gsURI(bucket, name string) string {
+	if name == "" {
+		return "gs://" + bucket
+	}
+	return "gs://" + bucket + "/" + name
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return append(b, '\n')
+}

@@ -1,0 +1,346 @@
+package stack_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+
+	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+const output = "raydrop-e2e-checkpoints"
+
+var (
+	st      *stack.Stack
+	mu      sync.Mutex
+	seen    = map[string][]events.Run{} // run ID → public events in arrival order
+	ray     rayclient.Interface
+	kube    kubernetes.Interface
+	example []byte
+)
+
+// TestMain starts one local cloud for the whole suite: the real emulators,
+// kube-apiserver with KubeRay's reconcilers and the functions as processes.
+func TestMain(m *testing.M) {
+	ctx := context.Background()
+	var err error
+	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start local cloud: %v\n", err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer st.Stop()
+		if _, err := st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+			Name: st.PubSub.SubscriptionName("e2e-events"), Topic: st.PubSub.TopicName(stack.Topics.Events), AckDeadlineSeconds: 30,
+		}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			_ = st.PS.Subscriber("e2e-events").Receive(rctx, func(_ context.Context, m *pubsub.Message) {
+				m.Ack()
+				e, err := events.FromPubSub(m.Attributes, m.Data)
+				if err != nil {
+					return
+				}
+				var d events.Run
+				_ = json.Unmarshal(e.Data(), &d)
+				mu.Lock()
+				seen[d.RunID] = append(seen[d.RunID], d)
+				mu.Unlock()
+			})
+		}()
+		if ray, err = rayclient.NewForConfig(st.Sim.Config); err != nil {
+			return 1
+		}
+		if kube, err = kubernetes.NewForConfig(st.Sim.Config); err != nil {
+			return 1
+		}
+		if example, err = os.ReadFile("../../../examples/gemma3-vision.json"); err != nil {
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// specFor is the example spec on its own cluster (so scenarios run side by
+// side) with the given overrides merged in.
+func specFor(t *testing.T, cluster string, extra map[string]any) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(example, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["cluster"].(map[string]any)["name"] = cluster
+	m["output"].(map[string]any)["bucket"] = output
+	for k, v := range extra {
+		m[k] = v
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// upload drops a spec into jobs/ with a scenario for its simulated Ray job.
+func upload(t *testing.T, name string, data []byte, scenario string) string {
+	t.Helper()
+	ctx := context.Background()
+	w := st.GCS.Bucket(stack.IntakeBucket).Object("jobs/" + name + ".json").NewWriter(ctx)
+	w.Metadata = map[string]string{stack.SimMetadata: scenario}
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return names.RunIDFromObject(stack.IntakeBucket, "jobs/"+name+".json", w.Attrs().Generation)
+}
+
+// waitPhase polls the run record until it reaches one of want.
+func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Phase) *runs.Record {
+	t.Helper()
+	store := &runs.Store{Bucket: st.GCS.Bucket(stack.IntakeBucket)}
+	deadline := time.Now().Add(limit)
+	var last *runs.Record
+	for time.Now().Before(deadline) {
+		r, err := store.Get(context.Background(), runID)
+		if err == nil {
+			last = r
+			for _, p := range want {
+				if r.Phase == p {
+					return r
+				}
+			}
+		} else if !errors.Is(err, runs.ErrNotFound) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last != nil {
+		t.Fatalf("run %s is %s (%s) after %s, want %v", runID, last.Phase, last.Reason, limit, want)
+	}
+	t.Fatalf("run %s has no record after %s", runID, limit)
+	return nil
+}
+
+// eventsOf waits until the run's terminal event arrived and a little more,
+// then returns its events.
+func eventsOf(t *testing.T, runID string) []events.Run {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		evs := append([]events.Run(nil), seen[runID]...)
+		mu.Unlock()
+		for _, e := range evs {
+			if events.Terminal[e.Phase] {
+				time.Sleep(3 * time.Second) // a duplicate would arrive by now
+				mu.Lock()
+				defer mu.Unlock()
+				return append([]events.Run(nil), seen[runID]...)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no terminal event for run %s", runID)
+	return nil
+}
+
+func count(evs []events.Run, phase string) int {
+	n := 0
+	for _, e := range evs {
+		if e.Phase == phase {
+			n++
+		}
+	}
+	return n
+}
+
+func terminalEvents(evs []events.Run) int {
+	n := 0
+	for _, e := range evs {
+		if events.Terminal[e.Phase] {
+			n++
+		}
+	}
+	return n
+}
+
+// waitNoWorkers waits until the cluster has no worker pod.
+func waitNoWorkers(t *testing.T, cluster string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		pods, err := kube.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "ray.io/node-type=worker,ray.io/cluster=" + cluster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 0 {
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Fatalf("worker pods of %s still exist", cluster)
+}
+
+func rayJobsOf(t *testing.T, runID string) int {
+	t.Helper()
+	l, err := ray.RayV1().RayJobs("default").List(context.Background(), metav1.ListOptions{LabelSelector: names.LabelRunID + "=" + runID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
+}
+
+func TestSucceeds(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "success", specFor(t, "e2e-success", nil), "steps=3,step=300ms")
+	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("run ended %s: %s", r.Phase, r.Reason)
+	}
+	evs := eventsOf(t, runID)
+	if count(evs, "accepted") != 1 || count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	final := evs[len(evs)-1]
+	if len(final.Checkpoints) != 3 || final.LatestCheckpoint == nil || final.BestCheckpoint == nil || final.GPUHours == nil {
+		t.Fatalf("succeeded event %+v", final)
+	}
+	for _, c := range final.Checkpoints {
+		name := strings.TrimPrefix(c.URI, "gs://"+output+"/") + "/adapter_model.safetensors"
+		if _, err := st.GCS.Bucket(output).Object(name).Attrs(context.Background()); err != nil {
+			t.Errorf("checkpoint %s: %v", c.URI, err)
+		}
+	}
+	if n := rayJobsOf(t, runID); n != 1 {
+		t.Errorf("%d RayJobs, want 1", n)
+	}
+	waitNoWorkers(t, "e2e-success")
+}
+
+func TestApplicationFailure(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "appfail", specFor(t, "e2e-appfail", nil), "outcome=fail,at=3,step=200ms")
+	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Failed || r.Attempt != 1 || !strings.Contains(r.Reason, "training failed") {
+		t.Fatalf("phase %s attempt %d reason %q; want FAILED on attempt 1 with the training error", r.Phase, r.Attempt, r.Reason)
+	}
+	if evs := eventsOf(t, runID); count(evs, "failed") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	waitNoWorkers(t, "e2e-appfail")
+}
+
+func TestHeadLossRetriesAndResumes(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "headloss", specFor(t, "e2e-headloss", nil), "outcome=lose-head,at=6,steps=3,step=200ms")
+	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded || r.Attempt != 2 {
+		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 2", r.Phase, r.Attempt, r.Reason)
+	}
+	if a := r.CurrentAttempt(); a == nil || !strings.Contains(a.ResumeFrom, "attempt-1/") {
+		t.Errorf("attempt 2 does not resume from attempt 1's checkpoint: %+v", a)
+	}
+	if evs := eventsOf(t, runID); count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	waitNoWorkers(t, "e2e-headloss")
+}
+
+func TestHangHitsDeadline(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "hang", specFor(t, "e2e-hang", map[string]any{"limits": map[string]any{"deadline": "1m", "startDeadline": "1m"}}), "outcome=hang,at=2,step=200ms")
+	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Failed || !strings.Contains(r.Reason, "deadline") {
+		t.Fatalf("phase %s reason %q; want FAILED by the deadline", r.Phase, r.Reason)
+	}
+	if n := rayJobsOf(t, runID); n != 0 {
+		t.Errorf("%d RayJobs left after the deadline, want 0 (deleted)", n)
+	}
+	waitNoWorkers(t, "e2e-hang")
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "cancel", specFor(t, "e2e-cancel", nil), "outcome=hang,at=2,step=200ms")
+	waitPhase(t, runID, 60*time.Second, runs.Running)
+	ctx := context.Background()
+	w := st.GCS.Bucket(stack.IntakeBucket).Object("cancel/" + runID).NewWriter(ctx)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := waitPhase(t, runID, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded)
+	if r.Phase != runs.Cancelled {
+		t.Fatalf("phase %s (%s), want CANCELLED", r.Phase, r.Reason)
+	}
+	if evs := eventsOf(t, runID); count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	if n := rayJobsOf(t, runID); n != 0 {
+		t.Errorf("%d RayJobs left after cancellation, want 0", n)
+	}
+	waitNoWorkers(t, "e2e-cancel")
+}
+
+// TestDuplicateRequests publishes the same request five times: one run,
+// one RayJob, one terminal event.
+func TestDuplicateRequests(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	data := specFor(t, "e2e-dup", map[string]any{"runId": "e2e-duplicate-request"})
+	pub := st.PS.Publisher(stack.Topics.Requests)
+	defer pub.Stop()
+	for range 5 {
+		if _, err := pub.Publish(ctx, &pubsub.Message{Data: data}).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := waitPhase(t, "e2e-duplicate-request", 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+	}
+	if evs := eventsOf(t, r.RunID); count(evs, "accepted") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	if n := rayJobsOf(t, r.RunID); n != 1 {
+		t.Errorf("%d RayJobs, want 1", n)
+	}
+}
+
+func TestMalformedSpecIsRejected(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "malformed", []byte(`{"apiVersion": "raydrop.dev/v1", "lora": {"rank": 8}, "training": {"epochs": 0}}`), "")
+	r := waitPhase(t, runID, 30*time.Second, runs.Rejected)
+	paths := map[string]bool{}
+	for _, p := range r.Problems {
+		paths[p.Path] = true
+	}
+	for _, want := range []string{"lora.rank", "training.epochs", "cluster.serviceAccount", "output.bucket"} {
+		if !paths[want] {
+			t.Errorf("REJECTED record does not name %s: %v", want, r.Problems)
+		}
+	}
+	if evs := eventsOf(t, runID); count(evs, "rejected") != 1 {
+		t.Errorf("events %+v", evs)
+	}
+}
