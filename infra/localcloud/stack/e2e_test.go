@@ -1,6 +1,7 @@
 package stack_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,10 +14,10 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-
-	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/events"
@@ -155,8 +156,12 @@ func eventsOf(t *testing.T, runID string) []events.Run {
 			if events.Terminal[e.Phase] {
 				time.Sleep(3 * time.Second) // a duplicate would arrive by now
 				mu.Lock()
-				defer mu.Unlock()
-				return append([]events.Run(nil), seen[runID]...)
+				evs = append([]events.Run(nil), seen[runID]...)
+				mu.Unlock()
+				for _, e := range evs {
+					validate(t, e)
+				}
+				return evs
 			}
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -343,4 +348,120 @@ func TestMalformedSpecIsRejected(t *testing.T) {
 	if evs := eventsOf(t, runID); count(evs, "rejected") != 1 {
 		t.Errorf("events %+v", evs)
 	}
+}
+
+// validate checks a published event's data against the JSON Schema of its
+// type in the repository, with an independent validator.
+func validate(t *testing.T, e events.Run) {
+	t.Helper()
+	file := "../../../schemas/events/" + events.Type(e.Phase) + ".json"
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddResource(file, doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(e)
+	inst, _ := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err := sch.Validate(inst); err != nil {
+		t.Errorf("%s event of run %s does not match %s: %v", e.Phase, e.RunID, file, err)
+	}
+}
+
+// TestDuplicateStorageEvents delivers the intake notification of one
+// upload five times: one run, one RayJob, one terminal event.
+func TestDuplicateStorageEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := "jobs/dup-object.json"
+	data := specFor(t, "e2e-dupobj", nil)
+	w := st.GCS.Bucket(stack.IntakeBucket).Object(name).NewWriter(ctx)
+	w.Metadata = map[string]string{stack.SimMetadata: "steps=2,step=200ms"}
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	gen := w.Attrs().Generation
+	runID := names.RunIDFromObject(stack.IntakeBucket, name, gen)
+	obj, _ := json.Marshal(map[string]string{"kind": "storage#object", "bucket": stack.IntakeBucket, "name": name, "generation": fmt.Sprint(gen), "size": fmt.Sprint(len(data))})
+	attrs := map[string]string{"eventType": "OBJECT_FINALIZE", "bucketId": stack.IntakeBucket, "objectId": name, "objectGeneration": fmt.Sprint(gen), "payloadFormat": "JSON_API_V1"}
+	pub := st.PS.Publisher(stack.NotifyTopic)
+	defer pub.Stop()
+	for range 4 { // the fifth is fake-gcs-server's own
+		if _, err := pub.Publish(ctx, &pubsub.Message{Data: obj, Attributes: attrs}).Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+	}
+	if evs := eventsOf(t, runID); count(evs, "accepted") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	if n := rayJobsOf(t, runID); n != 1 {
+		t.Errorf("%d RayJobs, want 1", n)
+	}
+}
+
+// TestQueueOnOneCluster drops two specs for one cluster together: the
+// second waits QUEUED, runs after the first, and the workers go to zero only
+// after both.
+func TestQueueOnOneCluster(t *testing.T) {
+	t.Parallel()
+	data := specFor(t, "e2e-queue", nil)
+	a := upload(t, "queue-a", data, "steps=3,step=300ms")
+	b := upload(t, "queue-b", data, "steps=3,step=300ms")
+	ra := waitPhase(t, a, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	rb := waitPhase(t, b, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if ra.Phase != runs.Succeeded || rb.Phase != runs.Succeeded {
+		t.Fatalf("phases %s (%s), %s (%s)", ra.Phase, ra.Reason, rb.Phase, rb.Reason)
+	}
+	first, second := ra, rb
+	if _, queued := ra.Times[runs.Queued]; queued {
+		first, second = rb, ra
+	}
+	if _, queued := second.Times[runs.Queued]; !queued {
+		t.Fatalf("neither run was QUEUED: %v / %v", ra.Times, rb.Times)
+	}
+	if !second.Times[runs.Provisioned].After(first.Times[runs.Succeeded].Add(-time.Second)) {
+		t.Errorf("the queued run was provisioned at %s, before the first ended at %s", second.Times[runs.Provisioned], first.Times[runs.Succeeded])
+	}
+	if evs := eventsOf(t, second.RunID); count(evs, "queued") != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	waitNoWorkers(t, "e2e-queue")
+}
+
+// TestLostFinishedMessage loses the next finished message (Eventarc
+// acknowledges it and never delivers): the tick's sweep resends it, and the
+// run still ends once, with its workers gone. It runs alone, before the
+// parallel tests, so the lost message is its own.
+func TestLostFinishedMessage(t *testing.T) {
+	st.Adapter.DropNext("finalize", 1)
+	runID := upload(t, "lost-finished", specFor(t, "e2e-lost", nil), "steps=2,step=200ms")
+	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+	}
+	if got := st.Adapter.Stats()["finalize"].Dropped; got != 1 {
+		t.Errorf("finalize pushes dropped: %d, want 1", got)
+	}
+	if evs := eventsOf(t, runID); count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	waitNoWorkers(t, "e2e-lost")
 }

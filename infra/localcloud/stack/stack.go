@@ -35,7 +35,9 @@ import (
 const (
 	Project      = "raydrop-local"
 	IntakeBucket = "raydrop-intake"
-	notifyTopic  = "raydrop-gcs-notifications"
+	// NotifyTopic carries fake-gcs-server's object notifications, as the
+	// topic behind an Eventarc storage trigger does.
+	NotifyTopic = "raydrop-gcs-notifications"
 	// SimMetadata is the custom metadata key of a spec object that says how
 	// its simulated Ray job plays, e.g. "outcome=fail,at=5,steps=4,step=100ms".
 	SimMetadata = "raydrop-sim"
@@ -120,15 +122,15 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.PS, err = s.PubSub.NewClient(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.PubSub.CreateTopics(ctx, Topics.Requests, Topics.Provisioned, Topics.Submitted, Topics.Ticks, Topics.Finished, Topics.Events, notifyTopic); err != nil {
+	if err := s.PubSub.CreateTopics(ctx, Topics.Requests, Topics.Provisioned, Topics.Submitted, Topics.Ticks, Topics.Finished, Topics.Events, NotifyTopic); err != nil {
 		return nil, err
 	}
 	fake, err := emulators.FakeGCSBinary()
 	if err != nil {
 		return nil, err
 	}
-	s.step("starting fake-gcs-server with notifications to %s", notifyTopic)
-	if s.Storage, err = emulators.StartStorage(ctx, fake, s.PubSub, notifyTopic, o.StateDir); err != nil {
+	s.step("starting fake-gcs-server with notifications to %s", NotifyTopic)
+	if s.Storage, err = emulators.StartStorage(ctx, fake, s.PubSub, NotifyTopic, o.StateDir); err != nil {
 		return nil, err
 	}
 	if s.GCS, err = s.Storage.NewClient(ctx); err != nil {
@@ -175,11 +177,11 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		return nil, err
 	}
 	topicOf := map[string]string{
-		"provision-intake": notifyTopic, "provision-requests": Topics.Requests, "submit": Topics.Provisioned,
+		"provision-intake": NotifyTopic, "provision-requests": Topics.Requests, "submit": Topics.Provisioned,
 		"monitor-submitted": Topics.Submitted, "monitor-ticks": Topics.Ticks, "finalize": Topics.Finished,
 	}
 	for _, b := range o.OutputBuckets {
-		topicOf["monitor-marks-"+b] = notifyTopic
+		topicOf["monitor-marks-"+b] = NotifyTopic
 	}
 	s.step("creating the push subscriptions (retry 1s..10s, dead-letter after 10 attempts)")
 	for _, r := range routes {
