@@ -35,6 +35,13 @@ func commands() []command {
 	return []command{
 		{"validate", "FILE", "check a job spec; print one 'path: problem' line per problem", runValidate},
 		{"render", "FILE [--run-id ID] [--attempt N]", "print the run's Kubernetes objects as YAML for kubectl apply -f -", runRender},
+		{"submit", "FILE [--via bucket|topic]", "upload the spec to the intake bucket or publish it to the requests topic; print the run ID", runSubmit},
+		{"list", "[--json]", "list the runs, newest first", runList},
+		{"status", "[RUN] [--json]", "show a run (or list them all)", runStatus},
+		{"watch", "RUN", "follow a run to its end with its training progress; exit 0 only on success", runWatch},
+		{"cancel", "RUN", "cancel a run: its RayJob is deleted and the workers go to zero", runCancel},
+		{"events", "[--json] [--count N]", "follow the public event topic and print each event", runEvents},
+		{"dev", "", "start the local cloud and keep it up (from a raydrop checkout)", runDev},
 	}
 }
 

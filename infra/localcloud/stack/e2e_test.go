@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/cli"
 	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -41,7 +42,7 @@ var (
 func TestMain(m *testing.M) {
 	ctx := context.Background()
 	var err error
-	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, Progress: os.Stderr})
+	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, DefaultSim: "step=400ms", Progress: os.Stderr})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start local cloud: %v\n", err)
 		os.Exit(1)
@@ -78,6 +79,11 @@ func TestMain(m *testing.M) {
 		}
 		if example, err = os.ReadFile("../../../examples/gemma3-vision.json"); err != nil {
 			return 1
+		}
+		// The CLI finds the local cloud the way a person's shell would.
+		for _, kv := range st.Env() {
+			k, v, _ := strings.Cut(kv, "=")
+			_ = os.Setenv(k, v)
 		}
 		return m.Run()
 	}()
@@ -464,4 +470,69 @@ func TestLostFinishedMessage(t *testing.T) {
 		t.Errorf("events %+v", evs)
 	}
 	waitNoWorkers(t, "e2e-lost")
+}
+
+func raydrop(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := cli.Run(context.Background(), args, strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// TestCLI drives the local cloud through the raydrop command: submit,
+// watch to success, list, status, events, and cancel.
+func TestCLI(t *testing.T) {
+	t.Parallel()
+	file := t.TempDir() + "/cli-job.json"
+	if err := os.WriteFile(file, specFor(t, "e2e-cli", nil), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evDone := make(chan string, 1)
+	go func() {
+		code, out, errOut := raydrop("events", "--count", "2")
+		evDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
+	}()
+	time.Sleep(2 * time.Second) // the events command subscribes first
+
+	code, out, errOut := raydrop("submit", file)
+	if code != 0 {
+		t.Fatalf("submit: exit %d: %s", code, errOut)
+	}
+	runID := strings.TrimSpace(out)
+	code, out, errOut = raydrop("watch", runID, "--interval", "300ms")
+	if code != 0 || !strings.Contains(out, "SUCCEEDED") || strings.Count(out, "checkpoint gs://") != 3 {
+		t.Fatalf("watch: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "RUNNING") {
+		t.Errorf("watch never showed RUNNING:\n%s", out)
+	}
+	code, out, _ = raydrop("list", "--json")
+	if code != 0 || !strings.Contains(out, runID) {
+		t.Errorf("list: exit %d, run %s missing:\n%s", code, runID, out)
+	}
+	code, out, _ = raydrop("status", runID, "--json")
+	var rec runs.Record
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.Phase != runs.Succeeded {
+		t.Errorf("status: exit %d:\n%s", code, out)
+	}
+	select {
+	case got := <-evDone:
+		if !strings.HasPrefix(got, "0\n") || strings.Count(got, "dev.raydrop.run.v1.") < 2 {
+			t.Errorf("events: %s", got)
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("events printed fewer than 2 events")
+	}
+
+	hang := upload(t, "cli-cancel", specFor(t, "e2e-cli-cancel", nil), "outcome=hang,at=2")
+	waitPhase(t, hang, 60*time.Second, runs.Running)
+	if code, out, errOut := raydrop("cancel", hang); code != 0 {
+		t.Fatalf("cancel: exit %d %s %s", code, out, errOut)
+	}
+	code, _, errOut = raydrop("watch", hang, "--interval", "300ms")
+	if code != 1 || !strings.Contains(errOut, "CANCELLED") {
+		t.Errorf("watch of a cancelled run: exit %d, %s", code, errOut)
+	}
+	if code, _, errOut := raydrop("status", "no-such-run"); code != 1 || !strings.Contains(errOut, "no run no-such-run") {
+		t.Errorf("status of an unknown run: exit %d, %s", code, errOut)
+	}
 }

@@ -54,7 +54,10 @@ type Options struct {
 	StateDir      string        // logs, kubeconfig, binaries (default: a temporary folder)
 	Tick          time.Duration // scheduler interval (default 5s)
 	OutputBuckets []string      // checkpoint buckets whose completion marks reach Monitor
-	Log           *slog.Logger
+	// DefaultSim is the scenario of runs whose spec object names none
+	// (see SimMetadata); empty: kubesim's default.
+	DefaultSim string
+	Log        *slog.Logger
 	// Progress, when set, receives one line per start-up step.
 	Progress io.Writer
 }
@@ -268,7 +271,10 @@ func (s *Stack) Tick(ctx context.Context) error {
 // metadata of the spec object it came from, so tests pick an outcome per
 // run without touching the job spec format.
 func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenario {
-	sc := kubesim.DefaultScenario()
+	sc, err := ParseScenario(s.opts.DefaultSim)
+	if err != nil {
+		sc = kubesim.DefaultScenario()
+	}
 	src := job.Annotations[names.AnnotSource]
 	rest, ok := strings.CutPrefix(src, "gs://")
 	if !ok {
@@ -280,7 +286,11 @@ func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenari
 	if err != nil {
 		return sc
 	}
-	parsed, err := ParseScenario(attrs.Metadata[SimMetadata])
+	text, ok := attrs.Metadata[SimMetadata]
+	if !ok {
+		return sc
+	}
+	parsed, err := ParseScenario(text)
 	if err != nil {
 		s.opts.Log.Warn("bad_scenario", "object", src, "error", err.Error())
 		return sc

@@ -1,0 +1,307 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/storage"
+
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// target is where the commands find the deployment: flags over RAYDROP_*
+// variables over defaults.
+type target struct {
+	project, bucket, requests, events string
+}
+
+func (t *target) flags(fs *flag.FlagSet) {
+	fs.StringVar(&t.project, "project", firstEnv("RAYDROP_PROJECT", "GOOGLE_CLOUD_PROJECT"), "Google Cloud project of the topics (RAYDROP_PROJECT)")
+	fs.StringVar(&t.bucket, "bucket", os.Getenv("RAYDROP_INTAKE_BUCKET"), "intake bucket (RAYDROP_INTAKE_BUCKET)")
+	fs.StringVar(&t.requests, "requests-topic", envOr("RAYDROP_TOPIC_REQUESTS", "raydrop-requests"), "requests topic")
+	fs.StringVar(&t.events, "events-topic", envOr("RAYDROP_TOPIC_EVENTS", "raydrop-events"), "public events topic")
+}
+
+func firstEnv(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// friendly turns client errors into what to do about them.
+func friendly(err error, t *target) error {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "could not find default credentials"):
+		return errors.New("no Google Cloud credentials: run `gcloud auth application-default login`, or point STORAGE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST at the local cloud (`make dev` prints them)")
+	case errors.Is(err, storage.ErrBucketNotExist):
+		return fmt.Errorf("bucket %q not found: check --bucket or RAYDROP_INTAKE_BUCKET", t.bucket)
+	case strings.Contains(msg, "NotFound") && strings.Contains(msg, "topic"):
+		return fmt.Errorf("topic not found in project %q: check --project and the topic flags: %w", t.project, err)
+	}
+	return err
+}
+
+func (t *target) needBucket() error {
+	if t.bucket == "" {
+		return errors.New("no intake bucket: pass --bucket or set RAYDROP_INTAKE_BUCKET")
+	}
+	return nil
+}
+
+func (t *target) needProject() error {
+	if t.project == "" {
+		return errors.New("no project: pass --project or set RAYDROP_PROJECT")
+	}
+	return nil
+}
+
+func (t *target) store(ctx context.Context) (*runs.Store, func(), error) {
+	if err := t.needBucket(); err != nil {
+		return nil, nil, err
+	}
+	c, err := storage.NewClient(ctx)
+	if err != nil {
+		return nil, nil, friendly(err, t)
+	}
+	return &runs.Store{Bucket: c.Bucket(t.bucket)}, func() { _ = c.Close() }, nil
+}
+
+func fail(e *env, cmd string, err error) int {
+	fmt.Fprintf(e.stderr, "raydrop %s: %v\n", cmd, err)
+	return ExitFailure
+}
+
+func runSubmit(ctx context.Context, e *env, args []string) int {
+	c := findCommand("submit")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	via := fs.String("via", "bucket", "bucket: upload to the intake bucket's jobs/; topic: publish to the requests topic")
+	pos, code, ok := parse(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 || (*via != "bucket" && *via != "topic") {
+		fmt.Fprintln(e.stderr, "raydrop submit: give one spec file, and --via bucket or --via topic")
+		return ExitUsage
+	}
+	s, data, ok := loadSpec(e, pos[0])
+	if !ok {
+		return ExitFailure
+	}
+	if *via == "topic" {
+		if err := t.needProject(); err != nil {
+			return fail(e, "submit", err)
+		}
+		ps, err := pubsub.NewClient(ctx, t.project)
+		if err != nil {
+			return fail(e, "submit", friendly(err, &t))
+		}
+		defer func() { _ = ps.Close() }()
+		pub := ps.Publisher(t.requests)
+		defer pub.Stop()
+		id, err := pub.Publish(ctx, &pubsub.Message{Data: data}).Get(ctx)
+		if err != nil {
+			return fail(e, "submit", friendly(err, &t))
+		}
+		runID := s.RunID
+		if runID == "" {
+			runID = names.RunIDFromMessage(t.requests, id)
+		}
+		fmt.Fprintln(e.stdout, runID)
+		return ExitOK
+	}
+	if err := t.needBucket(); err != nil {
+		return fail(e, "submit", err)
+	}
+	gcs, err := storage.NewClient(ctx)
+	if err != nil {
+		return fail(e, "submit", friendly(err, &t))
+	}
+	defer func() { _ = gcs.Close() }()
+	object := "jobs/" + strings.TrimSuffix(filepath.Base(pos[0]), filepath.Ext(pos[0])) + ".json"
+	w := gcs.Bucket(t.bucket).Object(object).NewWriter(ctx)
+	w.ContentType = "application/json"
+	if _, err := w.Write(data); err != nil {
+		_ = w.Close()
+		return fail(e, "submit", friendly(err, &t))
+	}
+	if err := w.Close(); err != nil {
+		return fail(e, "submit", friendly(err, &t))
+	}
+	fmt.Fprintln(e.stdout, names.RunIDFromObject(t.bucket, object, w.Attrs().Generation))
+	return ExitOK
+}
+
+func runList(ctx context.Context, e *env, args []string) int {
+	c := findCommand("list")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	if _, code, ok := parse(e, fs, args); !ok {
+		return code
+	}
+	st, done, err := t.store(ctx)
+	if err != nil {
+		return fail(e, "list", err)
+	}
+	defer done()
+	sums, err := st.List(ctx)
+	if err != nil {
+		return fail(e, "list", friendly(err, &t))
+	}
+	sort.Slice(sums, func(i, j int) bool { return sums[i].Updated.After(sums[j].Updated) })
+	if *asJSON {
+		return printJSON(e, sums)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tPHASE\tCLUSTER\tUPDATED")
+	for _, s := range sums {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.RunID, s.Phase, s.Cluster, s.Updated.Local().Format(time.DateTime))
+	}
+	_ = tw.Flush()
+	return ExitOK
+}
+
+func printJSON(e *env, v any) int {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+func runStatus(ctx context.Context, e *env, args []string) int {
+	c := findCommand("status")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	asJSON := fs.Bool("json", false, "print the run record as JSON")
+	pos, code, ok := parse(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) == 0 {
+		return runList(ctx, e, args)
+	}
+	st, done, err := t.store(ctx)
+	if err != nil {
+		return fail(e, "status", err)
+	}
+	defer done()
+	r, err := getRun(ctx, st, pos[0], &t)
+	if err != nil {
+		return fail(e, "status", err)
+	}
+	if *asJSON {
+		return printJSON(e, r)
+	}
+	describe(e.stdout, r)
+	return ExitOK
+}
+
+// errNoRun is an unknown run ID.
+var errNoRun = errors.New("no run")
+
+func getRun(ctx context.Context, st *runs.Store, id string, t *target) (*runs.Record, error) {
+	if msg := spec.CheckRunID(id); msg != "" {
+		return nil, fmt.Errorf("run id %s", msg)
+	}
+	r, err := st.Get(ctx, id)
+	if errors.Is(err, runs.ErrNotFound) {
+		return nil, fmt.Errorf("%w %s in gs://%s/runs/ (raydrop list shows the runs)", errNoRun, id, t.bucket)
+	}
+	if err != nil {
+		return nil, friendly(err, t)
+	}
+	return r, nil
+}
+
+func describe(w io.Writer, r *runs.Record) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "run\t%s\n", r.RunID)
+	fmt.Fprintf(tw, "name\t%s\n", r.Name)
+	fmt.Fprintf(tw, "phase\t%s\n", r.Phase)
+	if r.Reason != "" {
+		fmt.Fprintf(tw, "reason\t%s\n", r.Reason)
+	}
+	fmt.Fprintf(tw, "source\t%s\n", r.Source)
+	if r.Cluster != "" {
+		fmt.Fprintf(tw, "cluster\t%s/%s\n", r.Namespace, r.Cluster)
+	}
+	if r.Attempt > 0 {
+		fmt.Fprintf(tw, "attempt\t%d\n", r.Attempt)
+	}
+	if p := r.Progress; p != nil {
+		fmt.Fprintf(tw, "progress\t%s\n", progressText(r, time.Now()))
+	}
+	fmt.Fprintf(tw, "created\t%s\n", r.CreatedAt.Local().Format(time.DateTime))
+	_ = tw.Flush()
+	for _, p := range r.Problems {
+		fmt.Fprintf(w, "  %s\n", p)
+	}
+	if r.Result != nil {
+		for _, c := range r.Result.Checkpoints {
+			fmt.Fprintf(w, "checkpoint  %s  step %d  epoch %g\n", c.URI, c.Step, c.Epoch)
+		}
+	}
+}
+
+func runCancel(ctx context.Context, e *env, args []string) int {
+	c := findCommand("cancel")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	pos, code, ok := parse(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		fmt.Fprintln(e.stderr, "raydrop cancel: give one run ID")
+		return ExitUsage
+	}
+	st, done, err := t.store(ctx)
+	if err != nil {
+		return fail(e, "cancel", err)
+	}
+	defer done()
+	r, err := getRun(ctx, st, pos[0], &t)
+	if err != nil {
+		return fail(e, "cancel", err)
+	}
+	if r.Phase.Terminal() {
+		return fail(e, "cancel", fmt.Errorf("run %s has already ended %s", r.RunID, r.Phase))
+	}
+	w := st.Bucket.Object("cancel/" + r.RunID).NewWriter(ctx)
+	if err := w.Close(); err != nil {
+		return fail(e, "cancel", friendly(err, &t))
+	}
+	fmt.Fprintf(e.stdout, "cancellation of %s requested\n", r.RunID)
+	return ExitOK
+}

@@ -1,0 +1,261 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"golang.org/x/term"
+	durpb "google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// progressText is "step 12 · epoch 1.50/3 [#####.....] 50% · loss 1.234 ·
+// elapsed 1m2s · ETA 1m2s" for a run's latest progress.
+func progressText(r *runs.Record, now time.Time) string {
+	p := r.Progress
+	if p == nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "step %d", p.Step)
+	frac := -1.0
+	if p.TotalSteps > 0 {
+		fmt.Fprintf(&b, " of %d", p.TotalSteps)
+		frac = float64(p.Step) / float64(p.TotalSteps)
+	}
+	if r.Spec != nil && r.Spec.Training.Epochs > 0 {
+		fmt.Fprintf(&b, " · epoch %.2f/%d", p.Epoch, r.Spec.Training.Epochs)
+		if frac < 0 {
+			frac = p.Epoch / float64(r.Spec.Training.Epochs)
+		}
+	}
+	if frac >= 0 {
+		frac = min(frac, 1)
+		const width = 20
+		n := int(frac * width)
+		fmt.Fprintf(&b, " [%s%s] %3.0f%%", strings.Repeat("#", n), strings.Repeat(".", width-n), frac*100)
+	}
+	if p.Loss != nil {
+		fmt.Fprintf(&b, " · loss %.4f", *p.Loss)
+	}
+	if t, ok := r.Times[runs.Running]; ok {
+		el := now.Sub(t).Round(time.Second)
+		fmt.Fprintf(&b, " · elapsed %s", el)
+		if frac > 0 && frac < 1 {
+			fmt.Fprintf(&b, " · ETA %s", time.Duration(float64(el)*(1-frac)/frac).Round(time.Second))
+		}
+	}
+	return b.String()
+}
+
+func runWatch(ctx context.Context, e *env, args []string) int {
+	c := findCommand("watch")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	every := fs.Duration("interval", time.Second, "how often to read the run record")
+	appear := fs.Duration("appear", time.Minute, "how long to wait for a just-submitted run's record to appear")
+	pos, code, ok := parse(e, fs, args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		fmt.Fprintln(e.stderr, "raydrop watch: give one run ID")
+		return ExitUsage
+	}
+	st, done, err := t.store(ctx)
+	if err != nil {
+		return fail(e, "watch", err)
+	}
+	defer done()
+	live := false
+	if f, ok := e.stdout.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		live = true
+	}
+	lastPhase, lastLine := runs.Phase(""), ""
+	appearBy := time.Now().Add(*appear)
+	for {
+		r, err := getRun(ctx, st, pos[0], &t)
+		if errors.Is(err, errNoRun) && time.Now().Before(appearBy) {
+			if lastPhase == "" {
+				fmt.Fprintf(e.stdout, "%s  waiting for the pipeline to pick the run up\n", time.Now().Format(time.TimeOnly))
+				lastPhase = "WAITING"
+			}
+			if !sleep(ctx, *every) {
+				return ExitFailure
+			}
+			continue
+		}
+		if err != nil {
+			return fail(e, "watch", err)
+		}
+		if r.Phase != lastPhase {
+			if live && lastLine != "" {
+				fmt.Fprintln(e.stdout)
+			}
+			fmt.Fprintf(e.stdout, "%s  %s", time.Now().Format(time.TimeOnly), r.Phase)
+			if r.Reason != "" && !r.Phase.Terminal() {
+				fmt.Fprintf(e.stdout, "  %s", r.Reason)
+			}
+			fmt.Fprintln(e.stdout)
+			lastPhase, lastLine = r.Phase, ""
+		}
+		if line := progressText(r, time.Now()); line != "" && line != lastLine && !r.Phase.Terminal() {
+			if live {
+				fmt.Fprintf(e.stdout, "\r\033[K%s", line)
+			} else {
+				fmt.Fprintln(e.stdout, line)
+			}
+			lastLine = line
+		}
+		if r.Phase.Terminal() {
+			if live && lastLine != "" {
+				fmt.Fprintln(e.stdout)
+			}
+			return finished(e, r)
+		}
+		if !sleep(ctx, *every) {
+			fmt.Fprintln(e.stderr, "raydrop watch: interrupted")
+			return ExitFailure
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// finished prints how a run ended: its checkpoints, or why it failed.
+func finished(e *env, r *runs.Record) int {
+	if r.Phase == runs.Succeeded {
+		if r.Result != nil {
+			for _, c := range r.Result.Checkpoints {
+				fmt.Fprintf(e.stdout, "checkpoint %s  (step %d, epoch %g)\n", c.URI, c.Step, c.Epoch)
+			}
+			if r.Result.Best != nil {
+				fmt.Fprintf(e.stdout, "best       %s\n", r.Result.Best.URI)
+			}
+		}
+		return ExitOK
+	}
+	fmt.Fprintf(e.stderr, "run %s ended %s: %s\n", r.RunID, r.Phase, r.Reason)
+	for _, p := range r.Problems {
+		fmt.Fprintf(e.stderr, "  %s\n", p)
+	}
+	return ExitFailure
+}
+
+func runEvents(ctx context.Context, e *env, args []string) int {
+	c := findCommand("events")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	var t target
+	t.flags(fs)
+	asJSON := fs.Bool("json", false, "print each event's data as JSON")
+	count := fs.Int("count", 0, "stop after this many events (0: until interrupted)")
+	if _, code, ok := parse(e, fs, args); !ok {
+		return code
+	}
+	if err := t.needProject(); err != nil {
+		return fail(e, "events", err)
+	}
+	ps, err := pubsub.NewClient(ctx, t.project)
+	if err != nil {
+		return fail(e, "events", friendly(err, &t))
+	}
+	defer func() { _ = ps.Close() }()
+	// A subscription of its own, removed on exit (and by Pub/Sub after a
+	// day unused, should the process die).
+	sub := fmt.Sprintf("projects/%s/subscriptions/raydrop-cli-%d", t.project, time.Now().UnixNano())
+	if _, err := ps.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+		Name: sub, Topic: fmt.Sprintf("projects/%s/topics/%s", t.project, t.events), AckDeadlineSeconds: 30,
+		ExpirationPolicy: &pubsubpb.ExpirationPolicy{Ttl: durationpb(24 * time.Hour)},
+	}); err != nil {
+		return fail(e, "events", friendly(err, &t))
+	}
+	defer func() {
+		_ = ps.SubscriptionAdminClient.DeleteSubscription(context.Background(), &pubsubpb.DeleteSubscriptionRequest{Subscription: sub})
+	}()
+	fmt.Fprintf(e.stderr, "following %s (Ctrl-C stops)\n", t.events)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n := 0
+	err = ps.Subscriber(sub).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
+		m.Ack()
+		ev, err := events.FromPubSub(m.Attributes, m.Data)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "raydrop events: message %s is not a CloudEvent: %v\n", m.ID, err)
+			return
+		}
+		if *asJSON {
+			fmt.Fprintf(e.stdout, "%s\n", ev.Data())
+		} else {
+			fmt.Fprintf(e.stdout, "%s  %-34s %s\n", ev.Time().Local().Format(time.TimeOnly), ev.Type(), ev.Subject())
+		}
+		n++
+		if *count > 0 && n >= *count {
+			cancel()
+		}
+	})
+	if err != nil && ctx.Err() == nil {
+		return fail(e, "events", friendly(err, &t))
+	}
+	return ExitOK
+}
+
+func runDev(ctx context.Context, e *env, args []string) int {
+	c := findCommand("dev")
+	fs := newFlags(e, c.name, c.args, c.summary)
+	if _, code, ok := parse(e, fs, args); !ok {
+		return code
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return fail(e, "dev", err)
+	}
+	cmd := exec.CommandContext(ctx, "make", "dev")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr, cmd.Stdin = e.stdout, e.stderr, e.stdin
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	if err := cmd.Run(); err != nil && ctx.Err() == nil {
+		return fail(e, "dev", err)
+	}
+	return ExitOK
+}
+
+// repoRoot finds the raydrop checkout above the working directory: the
+// local cloud is built from it.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && strings.Contains(string(b), "module github.com/raydrop/raydrop\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("not inside a raydrop checkout: the local cloud runs from the repository (cd into it, then raydrop dev)")
+		}
+		dir = parent
+	}
+}
+
+func durationpb(d time.Duration) *durpb.Duration { return durpb.New(d) }
