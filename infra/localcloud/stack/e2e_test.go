@@ -85,7 +85,12 @@ func TestMain(m *testing.M) {
 			k, v, _ := strings.Cut(kv, "=")
 			_ = os.Setenv(k, v)
 		}
-		return m.Run()
+		code := m.Run()
+		if code != 0 {
+			st.KeepState()
+			fmt.Fprintf(os.Stderr, "local cloud logs kept in %s\n", st.StateDir())
+		}
+		return code
 	}()
 	os.Exit(code)
 }

@@ -73,6 +73,8 @@ type Stack struct {
 	PS         *pubsub.Client
 	Kubeconfig string
 	funcs      []*exec.Cmd
+	ownState   bool // StateDir was made by Start: removed by Stop unless kept
+	keepState  bool
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 	stopOnce   sync.Once
@@ -98,15 +100,18 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if o.StateDir == "" {
+	own := o.StateDir == ""
+	if own {
 		if o.StateDir, err = os.MkdirTemp("", "raydrop-localcloud-"); err != nil {
 			return nil, err
 		}
 	}
-	s := &Stack{opts: o}
+	s := &Stack{opts: o, ownState: own}
 	defer func() {
 		if err != nil {
+			s.KeepState()
 			s.Stop()
+			err = fmt.Errorf("%w (logs in %s)", err, o.StateDir)
 		}
 	}()
 	t0 := time.Now()
@@ -333,6 +338,13 @@ func ParseScenario(text string) (kubesim.Scenario, error) {
 	return sc, nil
 }
 
+// StateDir is the folder of the stack's logs and kubeconfig.
+func (s *Stack) StateDir() string { return s.opts.StateDir }
+
+// KeepState keeps the state folder (logs) after Stop, for a failure to be
+// looked into.
+func (s *Stack) KeepState() { s.keepState = true }
+
 // Stop stops everything the stack started, functions first.
 func (s *Stack) Stop() {
 	s.stopOnce.Do(func() {
@@ -362,6 +374,9 @@ func (s *Stack) Stop() {
 		}
 		if err := errors.Join(errs...); err != nil {
 			s.opts.Log.Warn("stop", "error", err.Error())
+		}
+		if s.ownState && !s.keepState {
+			_ = os.RemoveAll(s.opts.StateDir)
 		}
 	})
 }

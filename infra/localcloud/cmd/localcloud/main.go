@@ -96,7 +96,8 @@ func run(ctx context.Context, args []string) int {
 		rctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		if err := demo(rctx, st, specFile, data); err != nil {
-			fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
+			st.KeepState()
+			fmt.Fprintf(os.Stderr, "localcloud: %v (logs in %s)\n", err, st.StateDir())
 			return 1
 		}
 		return 0
