@@ -35,6 +35,15 @@ func (t *target) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.events, "events-topic", envOr("RAYDROP_TOPIC_EVENTS", "raydrop-events"), "public events topic")
 }
 
+// deploymentFlags is the flag set of a command that talks to a deployment.
+func deploymentFlags(e *env, name string) (*flag.FlagSet, *target) {
+	c := findCommand(name)
+	fs := newFlags(e, c.name, c.args, c.summary)
+	t := &target{}
+	t.flags(fs)
+	return fs, t
+}
+
 func firstEnv(names ...string) string {
 	for _, n := range names {
 		if v := os.Getenv(n); v != "" {
@@ -96,10 +105,7 @@ func fail(e *env, cmd string, err error) int {
 }
 
 func runSubmit(ctx context.Context, e *env, args []string) int {
-	c := findCommand("submit")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "submit")
 	via := fs.String("via", "bucket", "bucket: upload to the intake bucket's jobs/; topic: publish to the requests topic")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
@@ -119,14 +125,14 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 		}
 		ps, err := pubsub.NewClient(ctx, t.project)
 		if err != nil {
-			return fail(e, "submit", friendly(err, &t))
+			return fail(e, "submit", friendly(err, t))
 		}
 		defer func() { _ = ps.Close() }()
 		pub := ps.Publisher(t.requests)
 		defer pub.Stop()
 		id, err := pub.Publish(ctx, &pubsub.Message{Data: data}).Get(ctx)
 		if err != nil {
-			return fail(e, "submit", friendly(err, &t))
+			return fail(e, "submit", friendly(err, t))
 		}
 		runID := s.RunID
 		if runID == "" {
@@ -140,7 +146,7 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	}
 	gcs, err := storage.NewClient(ctx)
 	if err != nil {
-		return fail(e, "submit", friendly(err, &t))
+		return fail(e, "submit", friendly(err, t))
 	}
 	defer func() { _ = gcs.Close() }()
 	object := "jobs/" + strings.TrimSuffix(filepath.Base(pos[0]), filepath.Ext(pos[0])) + ".json"
@@ -148,20 +154,17 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	w.ContentType = "application/json"
 	if _, err := w.Write(data); err != nil {
 		_ = w.Close()
-		return fail(e, "submit", friendly(err, &t))
+		return fail(e, "submit", friendly(err, t))
 	}
 	if err := w.Close(); err != nil {
-		return fail(e, "submit", friendly(err, &t))
+		return fail(e, "submit", friendly(err, t))
 	}
 	fmt.Fprintln(e.stdout, names.RunIDFromObject(t.bucket, object, w.Attrs().Generation))
 	return ExitOK
 }
 
 func runList(ctx context.Context, e *env, args []string) int {
-	c := findCommand("list")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "list")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	if _, code, ok := parse(e, fs, args); !ok {
 		return code
@@ -173,7 +176,7 @@ func runList(ctx context.Context, e *env, args []string) int {
 	defer done()
 	sums, err := st.List(ctx)
 	if err != nil {
-		return fail(e, "list", friendly(err, &t))
+		return fail(e, "list", friendly(err, t))
 	}
 	sort.Slice(sums, func(i, j int) bool { return sums[i].Updated.After(sums[j].Updated) })
 	if *asJSON {
@@ -198,10 +201,7 @@ func printJSON(e *env, v any) int {
 }
 
 func runStatus(ctx context.Context, e *env, args []string) int {
-	c := findCommand("status")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "status")
 	asJSON := fs.Bool("json", false, "print the run record as JSON")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
@@ -215,7 +215,7 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 		return fail(e, "status", err)
 	}
 	defer done()
-	r, err := getRun(ctx, st, pos[0], &t)
+	r, err := getRun(ctx, st, pos[0], t)
 	if err != nil {
 		return fail(e, "status", err)
 	}
@@ -274,10 +274,7 @@ func describe(w io.Writer, r *runs.Record) {
 }
 
 func runCancel(ctx context.Context, e *env, args []string) int {
-	c := findCommand("cancel")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "cancel")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code
@@ -291,7 +288,7 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 		return fail(e, "cancel", err)
 	}
 	defer done()
-	r, err := getRun(ctx, st, pos[0], &t)
+	r, err := getRun(ctx, st, pos[0], t)
 	if err != nil {
 		return fail(e, "cancel", err)
 	}
@@ -300,7 +297,7 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	}
 	w := st.Bucket.Object("cancel/" + r.RunID).NewWriter(ctx)
 	if err := w.Close(); err != nil {
-		return fail(e, "cancel", friendly(err, &t))
+		return fail(e, "cancel", friendly(err, t))
 	}
 	fmt.Fprintf(e.stdout, "cancellation of %s requested\n", r.RunID)
 	return ExitOK

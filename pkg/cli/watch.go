@@ -59,10 +59,7 @@ func progressText(r *runs.Record, now time.Time) string {
 }
 
 func runWatch(ctx context.Context, e *env, args []string) int {
-	c := findCommand("watch")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "watch")
 	every := fs.Duration("interval", time.Second, "how often to read the run record")
 	appear := fs.Duration("appear", time.Minute, "how long to wait for a just-submitted run's record to appear")
 	pos, code, ok := parse(e, fs, args)
@@ -85,7 +82,7 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 	lastPhase, lastLine := runs.Phase(""), ""
 	appearBy := time.Now().Add(*appear)
 	for {
-		r, err := getRun(ctx, st, pos[0], &t)
+		r, err := getRun(ctx, st, pos[0], t)
 		if errors.Is(err, errNoRun) && time.Now().Before(appearBy) {
 			if lastPhase == "" {
 				fmt.Fprintf(e.stdout, "%s  waiting for the pipeline to pick the run up\n", time.Now().Format(time.TimeOnly))
@@ -161,10 +158,7 @@ func finished(e *env, r *runs.Record) int {
 }
 
 func runEvents(ctx context.Context, e *env, args []string) int {
-	c := findCommand("events")
-	fs := newFlags(e, c.name, c.args, c.summary)
-	var t target
-	t.flags(fs)
+	fs, t := deploymentFlags(e, "events")
 	asJSON := fs.Bool("json", false, "print each event's data as JSON")
 	count := fs.Int("count", 0, "stop after this many events (0: until interrupted)")
 	if _, code, ok := parse(e, fs, args); !ok {
@@ -175,7 +169,7 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 	}
 	ps, err := pubsub.NewClient(ctx, t.project)
 	if err != nil {
-		return fail(e, "events", friendly(err, &t))
+		return fail(e, "events", friendly(err, t))
 	}
 	defer func() { _ = ps.Close() }()
 	// A subscription of its own, removed on exit (and by Pub/Sub after a
@@ -185,7 +179,7 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 		Name: sub, Topic: fmt.Sprintf("projects/%s/topics/%s", t.project, t.events), AckDeadlineSeconds: 30,
 		ExpirationPolicy: &pubsubpb.ExpirationPolicy{Ttl: durationpb(24 * time.Hour)},
 	}); err != nil {
-		return fail(e, "events", friendly(err, &t))
+		return fail(e, "events", friendly(err, t))
 	}
 	defer func() {
 		_ = ps.SubscriptionAdminClient.DeleteSubscription(context.Background(), &pubsubpb.DeleteSubscriptionRequest{Subscription: sub})
@@ -212,7 +206,7 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 		}
 	})
 	if err != nil && ctx.Err() == nil {
-		return fail(e, "events", friendly(err, &t))
+		return fail(e, "events", friendly(err, t))
 	}
 	return ExitOK
 }
