@@ -153,7 +153,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 	}
 	if mark != nil {
 		if mark.Status == "succeeded" {
-			return h.Finish(ctx, runID, rec.Attempt, pipeline.OutcomeSucceeded, "")
+			return h.succeed(ctx, rec, store, exp)
 		}
 		// The training code failed: no retry can fix that.
 		return h.Finish(ctx, runID, rec.Attempt, pipeline.OutcomeFailed, "training failed: "+firstLine(mark.Error))
@@ -167,7 +167,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 	st := job.Status
 	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) || st.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed {
 		if st.JobDeploymentStatus == rayv1.JobDeploymentStatusComplete && st.JobStatus == rayv1.JobStatusSucceeded {
-			return h.Finish(ctx, runID, rec.Attempt, pipeline.OutcomeSucceeded, "")
+			return h.succeed(ctx, rec, store, exp)
 		}
 		reason := fmt.Sprintf("RayJob %s ended %s/%s", jobName, st.JobDeploymentStatus, st.JobStatus)
 		if st.Reason != "" || st.Message != "" {
@@ -184,6 +184,18 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 		return h.progress(ctx, rec, store, exp)
 	}
 	return nil
+}
+
+// succeed sends a successful attempt to finalize. A job so short that no
+// check saw it running is recorded as having run first, so subscribers
+// always get running before succeeded.
+func (h *Handler) succeed(ctx context.Context, rec *runs.Record, store checkpoints.Store, exp string) error {
+	if rec.Phase == runs.Submitted {
+		if err := h.progress(ctx, rec, store, exp); err != nil {
+			return err
+		}
+	}
+	return h.Finish(ctx, rec.RunID, rec.Attempt, pipeline.OutcomeSucceeded, "")
 }
 
 // progress records that the attempt runs, with its latest step, epoch and

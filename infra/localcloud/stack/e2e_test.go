@@ -235,7 +235,7 @@ func TestSucceeds(t *testing.T) {
 		t.Fatalf("run ended %s: %s", r.Phase, r.Reason)
 	}
 	evs := eventsOf(t, runID)
-	if count(evs, "accepted") != 1 || count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
+	if count(evs, "accepted") != 1 || count(evs, "running") != 1 || count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
 	}
 	final := evs[len(evs)-1]
