@@ -43,7 +43,7 @@ dev: tools ## Start the local cloud and keep it up (prints the variables that po
 ##@ Development
 
 .PHONY: test
-test: lint go-test localcloud-test trainer-contract ## Everything CI runs: lint, Go tests, the end-to-end suite on the local cloud, trainer tests and the layout contract
+test: lint go-test infra-check localcloud-test trainer-contract ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract
 
 .PHONY: go-test
 go-test: tools ## Go tests with the race detector against a real kube-apiserver + etcd
@@ -106,3 +106,4 @@ $(GOLANGCI):
 	@mv $(dir $@).golangci-tmp/golangci-lint $@ && rmdir $(dir $@).golangci-tmp
 
 include trainer/trainer.mk
+include infra/gcp/gcp.mk

@@ -1,0 +1,249 @@
+# The four functions, deployed from the repository root with their entry
+# points (the Go buildpack serves only functions registered by the root
+# package). A 2nd gen function has one trigger, so a function with several
+# triggers is deployed once per trigger, as the local cloud routes them.
+
+locals {
+  # What each function does, and so the roles its service account gets.
+  functions = {
+    provision = {
+      entry_point     = "Provision"
+      publishes       = ["provisioned", "submitted", "events"]
+      reads_artifacts = true
+    }
+    submit = {
+      entry_point     = "Submit"
+      publishes       = ["submitted", "finished", "events"]
+      reads_artifacts = false
+    }
+    monitor = {
+      entry_point     = "Monitor"
+      publishes       = ["provisioned", "finished", "events"]
+      reads_artifacts = true
+    }
+    finalize = {
+      entry_point     = "Finalize"
+      publishes       = ["provisioned", "events"]
+      reads_artifacts = true
+    }
+  }
+
+  # One deployed function per trigger: the same routes as the local cloud.
+  triggers = {
+    provision-intake   = { function = "provision", topic = null, bucket = "intake" }
+    provision-requests = { function = "provision", topic = "requests", bucket = null }
+    submit             = { function = "submit", topic = "provisioned", bucket = null }
+    monitor-submitted  = { function = "monitor", topic = "submitted", bucket = null }
+    monitor-ticks      = { function = "monitor", topic = "ticks", bucket = null }
+    monitor-marks      = { function = "monitor", topic = null, bucket = "artifacts" }
+    finalize           = { function = "finalize", topic = "finished", bucket = null }
+  }
+
+  bucket_names = {
+    intake    = google_storage_bucket.intake.name
+    artifacts = google_storage_bucket.artifacts.name
+  }
+
+  publisher_bindings = merge([
+    for fn, f in local.functions : {
+      for t in f.publishes : "${fn}/${t}" => { function = fn, topic = t }
+    }
+  ]...)
+
+  function_env = merge(var.env, {
+    RAYDROP_PROJECT           = var.project_id
+    RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
+    RAYDROP_GKE_CLUSTER       = local.gke_cluster
+    RAYDROP_TOPIC_REQUESTS    = var.topics.requests
+    RAYDROP_TOPIC_PROVISIONED = var.topics.provisioned
+    RAYDROP_TOPIC_SUBMITTED   = var.topics.submitted
+    RAYDROP_TOPIC_TICKS       = var.topics.ticks
+    RAYDROP_TOPIC_FINISHED    = var.topics.finished
+    RAYDROP_TOPIC_EVENTS      = var.topics.events
+  })
+
+  # .gcloudignore, read as the archive's excludes. A pattern without a slash
+  # matches at any depth (as in .gcloudignore), hence the "**/" prefix.
+  source_dir = var.source_dir != "" ? var.source_dir : "${path.module}/../.."
+  gcloudignore = [
+    for l in split("\n", file("${local.source_dir}/.gcloudignore")) : trimspace(l)
+    if trimspace(l) != "" && !startswith(trimspace(l), "#")
+  ]
+  source_excludes = [
+    for p in local.gcloudignore : (
+      length(regexall("/", trimsuffix(p, "/"))) > 0 ? trimsuffix(p, "/") : "**/${trimsuffix(p, "/")}"
+    )
+  ]
+}
+
+data "archive_file" "source" {
+  type        = "zip"
+  source_dir  = local.source_dir
+  output_path = "${path.module}/.build/raydrop-source.zip"
+  excludes    = local.source_excludes
+
+  lifecycle {
+    precondition {
+      condition     = alltrue([for p in local.gcloudignore : !startswith(p, "!")])
+      error_message = ".gcloudignore has a negated (!) pattern, which the archive's excludes cannot honour."
+    }
+  }
+}
+
+resource "google_storage_bucket_object" "source" {
+  name   = "raydrop-${data.archive_file.source.output_sha256}.zip"
+  bucket = google_storage_bucket.source.name
+  source = data.archive_file.source.output_path
+}
+
+# ---------------------------------------------------------- identities
+
+resource "google_service_account" "function" {
+  for_each     = local.functions
+  account_id   = "raydrop-${each.key}"
+  display_name = "raydrop ${each.value.entry_point} function"
+  depends_on   = [google_project_service.services]
+}
+
+resource "google_service_account" "build" {
+  account_id   = "raydrop-build"
+  display_name = "raydrop functions build"
+  depends_on   = [google_project_service.services]
+}
+
+resource "google_project_iam_member" "build" {
+  project = var.project_id
+  role    = "roles/cloudbuild.builds.builder"
+  member  = google_service_account.build.member
+}
+
+resource "google_storage_bucket_iam_member" "intake_admin" {
+  for_each = local.functions
+  bucket   = google_storage_bucket.intake.name
+  role     = "roles/storage.objectAdmin"
+  member   = google_service_account.function[each.key].member
+}
+
+resource "google_storage_bucket_iam_member" "artifacts_viewer" {
+  for_each = { for k, f in local.functions : k => f if f.reads_artifacts }
+  bucket   = google_storage_bucket.artifacts.name
+  role     = "roles/storage.objectViewer"
+  member   = google_service_account.function[each.key].member
+}
+
+resource "google_pubsub_topic_iam_member" "publisher" {
+  for_each = local.publisher_bindings
+  topic    = google_pubsub_topic.topics[each.value.topic].id
+  role     = "roles/pubsub.publisher"
+  member   = google_service_account.function[each.value.function].member
+}
+
+# Every function reads or writes RayClusters and RayJobs.
+resource "google_project_iam_member" "container_developer" {
+  for_each = local.functions
+  project  = var.project_id
+  role     = "roles/container.developer"
+  member   = google_service_account.function[each.key].member
+}
+
+# Each function's service account is also its triggers' identity.
+resource "google_project_iam_member" "event_receiver" {
+  for_each = local.functions
+  project  = var.project_id
+  role     = "roles/eventarc.eventReceiver"
+  member   = google_service_account.function[each.key].member
+}
+
+resource "google_cloud_run_v2_service_iam_member" "invoker" {
+  for_each = local.triggers
+  project  = var.project_id
+  location = var.region
+  name     = google_cloudfunctions2_function.trigger[each.key].name
+  role     = "roles/run.invoker"
+  member   = google_service_account.function[each.value.function].member
+}
+
+# ------------------------------------------------------------ functions
+
+resource "google_cloudfunctions2_function" "trigger" {
+  for_each    = local.triggers
+  name        = "raydrop-${each.key}"
+  location    = var.region
+  description = "raydrop ${local.functions[each.value.function].entry_point} (${each.key})"
+
+  build_config {
+    runtime         = "go126"
+    entry_point     = local.functions[each.value.function].entry_point
+    service_account = google_service_account.build.id
+    source {
+      storage_source {
+        bucket = google_storage_bucket.source.name
+        object = google_storage_bucket_object.source.name
+      }
+    }
+  }
+
+  service_config {
+    available_memory      = "512Mi"
+    timeout_seconds       = 540
+    max_instance_count    = var.function_max_instances
+    ingress_settings      = "ALLOW_INTERNAL_ONLY"
+    service_account_email = google_service_account.function[each.value.function].email
+    environment_variables = local.function_env
+  }
+
+  event_trigger {
+    trigger_region        = var.region
+    event_type            = each.value.topic != null ? "google.cloud.pubsub.topic.v1.messagePublished" : "google.cloud.storage.object.v1.finalized"
+    pubsub_topic          = each.value.topic != null ? google_pubsub_topic.topics[each.value.topic].id : null
+    retry_policy          = "RETRY_POLICY_RETRY"
+    service_account_email = google_service_account.function[each.value.function].email
+
+    dynamic "event_filters" {
+      for_each = each.value.bucket != null ? [local.bucket_names[each.value.bucket]] : []
+      content {
+        attribute = "bucket"
+        value     = event_filters.value
+      }
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.build,
+    google_project_iam_member.event_receiver,
+    google_project_iam_member.gcs_agent_publisher,
+    google_storage_bucket_iam_member.intake_admin,
+  ]
+}
+
+# Eventarc creates each trigger's Pub/Sub subscription itself, and neither
+# the function nor the trigger resource exposes its dead-letter policy; this
+# sets it on that subscription once the trigger exists (needs gcloud).
+resource "terraform_data" "dead_letter_policy" {
+  for_each = local.triggers
+
+  triggers_replace = [
+    google_cloudfunctions2_function.trigger[each.key].event_trigger[0].trigger,
+    google_pubsub_topic.dead_letter[each.key].id,
+    var.max_delivery_attempts,
+  ]
+
+  provisioner "local-exec" {
+    interpreter = ["bash", "-euo", "pipefail", "-c"]
+    command     = <<-EOT
+      sub=$(gcloud eventarc triggers describe "$TRIGGER" --format='value(transport.pubsub.subscription)')
+      gcloud pubsub subscriptions update "$sub" --dead-letter-topic="$DEAD_LETTER" \
+        --max-delivery-attempts="$ATTEMPTS" --min-retry-delay=10s --max-retry-delay=600s
+      gcloud pubsub subscriptions add-iam-policy-binding "$sub" \
+        --member="$PUBSUB_AGENT" --role=roles/pubsub.subscriber >/dev/null
+    EOT
+    environment = {
+      TRIGGER      = google_cloudfunctions2_function.trigger[each.key].event_trigger[0].trigger
+      DEAD_LETTER  = google_pubsub_topic.dead_letter[each.key].id
+      ATTEMPTS     = tostring(var.max_delivery_attempts)
+      PUBSUB_AGENT = local.pubsub_agent
+    }
+  }
+
+  depends_on = [google_pubsub_topic_iam_member.dead_letter_publisher]
+}

@@ -1,0 +1,94 @@
+# The GKE Autopilot cluster with the Ray operator add-on, or an existing one.
+# GPU nodes come from the B200 reservation that each job spec names: Autopilot
+# provisions them from the pods' node selectors, so nothing here holds GPUs.
+# Nothing exposes the Ray dashboard: its job API runs code for anyone who
+# reaches it, so it stays a cluster-internal Service.
+
+resource "google_container_cluster" "raydrop" {
+  count               = var.create_cluster ? 1 : 0
+  name                = var.cluster_name
+  location            = var.region
+  enable_autopilot    = true
+  deletion_protection = var.cluster_deletion_protection
+
+  release_channel {
+    channel = "REGULAR"
+  }
+
+  addons_config {
+    ray_operator_config {
+      enabled = true
+    }
+  }
+
+  depends_on = [google_project_service.services]
+}
+
+data "google_container_cluster" "existing" {
+  count    = var.create_cluster ? 0 : 1
+  name     = try(var.existing_cluster.name, null)
+  location = try(var.existing_cluster.location, null)
+
+  lifecycle {
+    precondition {
+      condition     = var.existing_cluster != null
+      error_message = "create_cluster = false needs existing_cluster = { name, location }."
+    }
+  }
+}
+
+# --------------------------------------------- the Ray pods' identity
+
+resource "google_service_account" "ray" {
+  account_id   = "raydrop-ray"
+  display_name = "raydrop Ray pods (writes checkpoints)"
+  depends_on   = [google_project_service.services]
+}
+
+resource "google_storage_bucket_iam_member" "ray_artifacts" {
+  bucket = google_storage_bucket.artifacts.name
+  role   = "roles/storage.objectAdmin"
+  member = google_service_account.ray.member
+}
+
+resource "google_service_account_iam_member" "ray_workload_identity" {
+  service_account_id = google_service_account.ray.name
+  role               = "roles/iam.workloadIdentityUser"
+  member             = "serviceAccount:${var.project_id}.svc.id.goog[${var.namespace}/${var.ray_service_account}]"
+  # The identity pool exists once the cluster does.
+  depends_on = [google_container_cluster.raydrop]
+}
+
+# ------------------------------------------------ Kubernetes objects
+
+resource "kubernetes_namespace_v1" "raydrop" {
+  count = var.namespace == "default" ? 0 : 1
+  metadata {
+    name = var.namespace
+  }
+}
+
+resource "kubernetes_service_account_v1" "ray" {
+  metadata {
+    name      = var.ray_service_account
+    namespace = var.namespace
+    annotations = {
+      "iam.gke.io/gcp-service-account" = google_service_account.ray.email
+    }
+  }
+  depends_on = [kubernetes_namespace_v1.raydrop]
+}
+
+# The token from Secret Manager, as the Secret the job spec references
+# (hf-secret / hf_api_token); never in a runtime env or an output.
+resource "kubernetes_secret_v1" "hf" {
+  metadata {
+    name      = "hf-secret"
+    namespace = var.namespace
+  }
+  data = {
+    hf_api_token = google_secret_manager_secret_version.hf_token.secret_data
+  }
+  type       = "Opaque"
+  depends_on = [kubernetes_namespace_v1.raydrop]
+}

@@ -1,0 +1,142 @@
+locals {
+  intake_bucket   = coalesce(var.intake_bucket, "${var.project_id}-raydrop-intake")
+  artifact_bucket = coalesce(var.artifact_bucket, "${var.project_id}-raydrop-checkpoints")
+  source_bucket   = coalesce(var.source_bucket, "${var.project_id}-raydrop-source")
+
+  cluster_location       = var.create_cluster ? var.region : try(var.existing_cluster.location, "")
+  cluster_name           = var.create_cluster ? var.cluster_name : try(var.existing_cluster.name, "")
+  cluster_endpoint       = var.create_cluster ? google_container_cluster.raydrop[0].endpoint : data.google_container_cluster.existing[0].endpoint
+  cluster_ca_certificate = var.create_cluster ? google_container_cluster.raydrop[0].master_auth[0].cluster_ca_certificate : data.google_container_cluster.existing[0].master_auth[0].cluster_ca_certificate
+  gke_cluster            = "projects/${var.project_id}/locations/${local.cluster_location}/clusters/${local.cluster_name}"
+
+  services = [
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "container.googleapis.com",
+    "eventarc.googleapis.com",
+    "iam.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+    "secretmanager.googleapis.com",
+    "storage.googleapis.com",
+  ]
+
+  pubsub_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+}
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+resource "google_project_service" "services" {
+  for_each           = toset(local.services)
+  service            = each.value
+  disable_on_destroy = false
+}
+
+# ---------------------------------------------------------------- buckets
+
+resource "google_storage_bucket" "intake" {
+  name                        = local.intake_bucket
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = var.force_destroy_buckets
+  depends_on                  = [google_project_service.services]
+}
+
+resource "google_storage_bucket" "artifacts" {
+  name                        = local.artifact_bucket
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = var.force_destroy_buckets
+  depends_on                  = [google_project_service.services]
+}
+
+resource "google_storage_bucket" "source" {
+  name                        = local.source_bucket
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = true
+  depends_on                  = [google_project_service.services]
+}
+
+# Storage triggers reach Eventarc through Pub/Sub published by the Cloud
+# Storage service agent.
+data "google_storage_project_service_account" "gcs" {
+  depends_on = [google_project_service.services]
+}
+
+resource "google_project_iam_member" "gcs_agent_publisher" {
+  project = var.project_id
+  role    = "roles/pubsub.publisher"
+  member  = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
+}
+
+# ----------------------------------------------------------------- topics
+
+resource "google_pubsub_topic" "topics" {
+  for_each   = var.topics
+  name       = each.value
+  depends_on = [google_project_service.services]
+}
+
+# Every trigger gets a dead-letter topic, and a pull subscription on it that
+# keeps what landed there for a week so it can be inspected and replayed.
+resource "google_pubsub_topic" "dead_letter" {
+  for_each   = local.triggers
+  name       = "raydrop-${each.key}-dead-letter"
+  depends_on = [google_project_service.services]
+}
+
+resource "google_pubsub_subscription" "dead_letter" {
+  for_each                   = local.triggers
+  name                       = "raydrop-${each.key}-dead-letter"
+  topic                      = google_pubsub_topic.dead_letter[each.key].id
+  message_retention_duration = "604800s"
+  expiration_policy {
+    ttl = ""
+  }
+}
+
+# Pub/Sub forwards undeliverable messages as its service agent.
+resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
+  for_each = local.triggers
+  topic    = google_pubsub_topic.dead_letter[each.key].id
+  role     = "roles/pubsub.publisher"
+  member   = local.pubsub_agent
+}
+
+# --------------------------------------------------------------- scheduler
+
+resource "google_cloud_scheduler_job" "ticks" {
+  name     = "raydrop-ticks"
+  region   = var.region
+  schedule = var.tick_schedule
+
+  pubsub_target {
+    topic_name = google_pubsub_topic.topics["ticks"].id
+    data       = base64encode("tick") # Monitor ignores the data: a tick is a sweep
+  }
+
+  depends_on = [google_project_service.services]
+}
+
+# ------------------------------------------------- the Hugging Face token
+
+resource "google_secret_manager_secret" "hf_token" {
+  secret_id = "raydrop-hf-token"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.services]
+}
+
+resource "google_secret_manager_secret_version" "hf_token" {
+  secret      = google_secret_manager_secret.hf_token.id
+  secret_data = var.hf_token
+}

@@ -1,0 +1,44 @@
+output "intake_bucket" {
+  description = "Drop job specs at gs://<this>/jobs/<name>.json."
+  value       = google_storage_bucket.intake.name
+}
+
+output "artifact_bucket" {
+  description = "Checkpoint bucket: the job spec's output.bucket."
+  value       = google_storage_bucket.artifacts.name
+}
+
+output "source_bucket" {
+  description = "Bucket holding the functions' source archive."
+  value       = google_storage_bucket.source.name
+}
+
+output "topics" {
+  description = "Pub/Sub topics; publish requests to topics.requests, subscribe to topics.events."
+  value       = { for k, t in google_pubsub_topic.topics : k => t.name }
+}
+
+output "dead_letter_topics" {
+  description = "Dead-letter topic of each trigger (each has a pull subscription of the same name)."
+  value       = { for k, t in google_pubsub_topic.dead_letter : k => t.name }
+}
+
+output "gke_cluster" {
+  description = "The functions' RAYDROP_GKE_CLUSTER."
+  value       = local.gke_cluster
+}
+
+output "job_spec_cluster" {
+  description = "Values for a job spec's cluster and output sections."
+  value = {
+    namespace      = var.namespace
+    serviceAccount = var.ray_service_account
+    reservation    = var.reservation
+    outputBucket   = google_storage_bucket.artifacts.name
+  }
+}
+
+output "cli_env" {
+  description = "Environment for the raydrop CLI (eval \"$(tofu output -raw cli_env)\")."
+  value       = "export RAYDROP_PROJECT=${var.project_id}\nexport RAYDROP_INTAKE_BUCKET=${google_storage_bucket.intake.name}\n"
+}

@@ -1,0 +1,138 @@
+variable "project_id" {
+  description = "The existing Google Cloud project to deploy into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the buckets, functions, scheduler job and GKE cluster. Storage triggers must be in the bucket's location, so everything lives here; pick one where your B200 (A4) reservation is."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "hf_token" {
+  description = "Hugging Face token that may download the model (Gemma 3 needs its license accepted). Kept in Secret Manager and exposed to Ray pods as the Kubernetes Secret hf-secret, key hf_api_token. Never output."
+  type        = string
+  sensitive   = true
+}
+
+variable "reservation" {
+  description = "Compute Engine reservation holding the B200 (A4) nodes; job specs name it in cluster.reservation. Informational here: Autopilot places the GPU pods on it through node selectors."
+  type        = string
+  default     = "b200-reservation"
+}
+
+variable "create_cluster" {
+  description = "Create a GKE Autopilot cluster with the Ray operator add-on. Set false to use an existing cluster (existing_cluster)."
+  type        = bool
+  default     = true
+}
+
+variable "cluster_name" {
+  description = "Name of the GKE cluster to create (the RayClusters that jobs name live inside it)."
+  type        = string
+  default     = "raydrop"
+}
+
+variable "existing_cluster" {
+  description = "When create_cluster is false: the existing cluster, with the Ray operator add-on and Workload Identity enabled."
+  type = object({
+    name     = string
+    location = string
+  })
+  default = null
+
+  validation {
+    condition     = var.existing_cluster == null || try(length(var.existing_cluster.name) > 0 && length(var.existing_cluster.location) > 0, false)
+    error_message = "existing_cluster needs a name and a location."
+  }
+}
+
+variable "cluster_deletion_protection" {
+  description = "Protect the created cluster against deletion (make destroy then stops at the cluster)."
+  type        = bool
+  default     = false
+}
+
+variable "namespace" {
+  description = "Kubernetes namespace of the RayClusters and RayJobs (the job spec's cluster.namespace, default \"default\"). Created unless it is \"default\"."
+  type        = string
+  default     = "default"
+}
+
+variable "ray_service_account" {
+  description = "Kubernetes service account of the Ray pods (the job spec's cluster.serviceAccount), bound by Workload Identity to a Google service account that may write the artifact bucket."
+  type        = string
+  default     = "ray-sa"
+}
+
+variable "intake_bucket" {
+  description = "Intake bucket (jobs/ in, runs/ and clusters/ records). Empty: <project_id>-raydrop-intake."
+  type        = string
+  default     = ""
+}
+
+variable "artifact_bucket" {
+  description = "Checkpoint bucket (the job spec's output.bucket). Empty: <project_id>-raydrop-checkpoints."
+  type        = string
+  default     = ""
+}
+
+variable "source_bucket" {
+  description = "Bucket holding the functions' source archive. Empty: <project_id>-raydrop-source."
+  type        = string
+  default     = ""
+}
+
+variable "force_destroy_buckets" {
+  description = "Let make destroy delete buckets that still hold objects (run records, checkpoints)."
+  type        = bool
+  default     = false
+}
+
+variable "topics" {
+  description = "Pub/Sub topic names (the functions' RAYDROP_TOPIC_* variables)."
+  type = object({
+    requests    = optional(string, "raydrop-requests")
+    provisioned = optional(string, "raydrop-provisioned")
+    submitted   = optional(string, "raydrop-submitted")
+    ticks       = optional(string, "raydrop-ticks")
+    finished    = optional(string, "raydrop-finished")
+    events      = optional(string, "raydrop-events")
+  })
+  default = {}
+}
+
+variable "max_delivery_attempts" {
+  description = "Deliveries of one event before its trigger's subscription moves it to the trigger's dead-letter topic (5 to 100)."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
+    error_message = "max_delivery_attempts must be between 5 and 100."
+  }
+}
+
+variable "tick_schedule" {
+  description = "Cron schedule of the Cloud Scheduler job publishing to the ticks topic."
+  type        = string
+  default     = "* * * * *"
+}
+
+variable "function_max_instances" {
+  description = "Maximum instances of each function."
+  type        = number
+  default     = 10
+}
+
+variable "env" {
+  description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE, RAYDROP_EVENT_BUS)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "source_dir" {
+  description = "The repository root, zipped as the functions' source with .gcloudignore's excludes. Empty: two levels above this folder."
+  type        = string
+  default     = ""
+}
