@@ -155,3 +155,15 @@ func merge(ms ...map[string]string) map[string]string {
 	}
 	return out
 }
+
+// BenchmarkDiscover measures discovery over the storage tree the real
+// trainer wrote (testdata/trainer-layout), from a local folder.
+func BenchmarkDiscover(b *testing.B) {
+	st := checkpoints.Dir("testdata/trainer-layout")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := checkpoints.Discover(context.Background(), st, "exp-a"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -376,3 +376,16 @@ func shellSplit(t *testing.T, cmd string) []string {
 	parts := strings.Split(string(out), "\x00")
 	return parts[:len(parts)-1]
 }
+
+// BenchmarkObjects measures rendering a run's three objects to YAML, the
+// work Provision and Submit do per run.
+func BenchmarkObjects(b *testing.B) {
+	s := exampleSpec(b)
+	run := exampleRun(s)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := manifests.YAML(manifests.Objects(s, run, fixedCode)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

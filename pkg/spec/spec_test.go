@@ -277,3 +277,18 @@ func validateFile(sch *jsonschema.Schema, f string) error {
 	}
 	return sch.Validate(inst)
 }
+
+// BenchmarkParse measures decoding and validating the example spec, the
+// work Provision does per intake event.
+func BenchmarkParse(b *testing.B) {
+	data, err := os.ReadFile("../../examples/gemma3-vision.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := spec.Parse(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
