@@ -25,7 +25,6 @@ const (
 	MaxRunIDLength  = 40
 	maxBaseLength   = 20
 	hashLength      = 12
-	maxRayJobLength = 47 // KubeRay: the submitter Job name adds a suffix
 )
 
 // RunIDFromObject is the run ID of a spec object: a re-upload (a new
