@@ -13,18 +13,18 @@ import (
 
 // Label and annotation keys raydrop puts on every object it creates.
 const (
-	LabelManagedBy  = "app.kubernetes.io/managed-by"
-	ManagedBy       = "raydrop"
-	LabelRunID      = "raydrop.dev/run-id"
-	LabelAttempt    = "raydrop.dev/attempt"
-	LabelSpecName   = "raydrop.dev/spec-name"
-	LabelComponent  = "raydrop.dev/component"
-	AnnotSpecHash   = "raydrop.dev/spec-hash"
-	AnnotSource     = "raydrop.dev/source"
-	AnnotCodeHash   = "raydrop.dev/trainer-hash"
-	MaxRunIDLength  = 40
-	maxBaseLength   = 20
-	hashLength      = 12
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "raydrop"
+	LabelRunID     = "raydrop.dev/run-id"
+	LabelAttempt   = "raydrop.dev/attempt"
+	LabelSpecName  = "raydrop.dev/spec-name"
+	LabelComponent = "raydrop.dev/component"
+	AnnotSpecHash  = "raydrop.dev/spec-hash"
+	AnnotSource    = "raydrop.dev/source"
+	AnnotCodeHash  = "raydrop.dev/trainer-hash"
+	MaxRunIDLength = 40
+	maxBaseLength  = 20
+	hashLength     = 12
 )
 
 // RunIDFromObject is the run ID of a spec object: a re-upload (a new
