@@ -7,7 +7,6 @@ package finalize
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -22,14 +21,7 @@ type Handler struct{ *pipeline.Deps }
 
 // Handle finalizes the run the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
-	if e.Type() != pipeline.PubSubPublished {
-		return pipeline.Permanent(fmt.Errorf("unexpected event type %q", e.Type()))
-	}
-	step, err := pipeline.DecodeStep(e)
-	if err != nil {
-		return err
-	}
-	rec, err := h.GetRun(ctx, step.RunID)
+	_, rec, err := h.StepRun(ctx, e)
 	if err != nil {
 		return err
 	}

@@ -180,6 +180,18 @@ func (w *world) upload(name, body string) event.Event {
 	return e
 }
 
+// admit uploads a spec, delivers its intake event and drains the chain; it
+// returns the run ID.
+func (w *world) admit(name, body string) string {
+	w.t.Helper()
+	e := w.upload(name, body)
+	if err := w.deliver("intake", e); err != nil {
+		w.t.Fatal(err)
+	}
+	w.drain()
+	return names.RunIDFromObject(intake, name, mustGen(w.t, e))
+}
+
 func (w *world) tick() {
 	w.t.Helper()
 	if err := w.deliver(w.deps.Config.Topics.Ticks, w.pubsubEvent(w.deps.Config.Topics.Ticks, []byte("tick"), nil)); err != nil {
@@ -408,10 +420,7 @@ func TestQueueBehindHolder(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	w := newWorld(t)
-	e := w.upload("jobs/c.json", example(t))
-	_ = w.deliver("intake", e)
-	w.drain()
-	runID := names.RunIDFromObject(intake, "jobs/c.json", mustGen(t, e))
+	runID := w.admit("jobs/c.json", example(t))
 	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
 	if err := w.deliver(w.deps.Config.Topics.Requests, w.pubsubEvent(w.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": runID})); err != nil {
 		t.Fatal(err)
@@ -424,10 +433,7 @@ func TestCancel(t *testing.T) {
 
 func TestInfraFailureRetriesAndResumes(t *testing.T) {
 	w := newWorld(t)
-	e := w.upload("jobs/r.json", example(t))
-	_ = w.deliver("intake", e)
-	w.drain()
-	runID := names.RunIDFromObject(intake, "jobs/r.json", mustGen(t, e))
+	runID := w.admit("jobs/r.json", example(t))
 	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
 	w.tick()
 	w.writeLayout(runID, 1, 1, "") // one checkpoint, then the head is lost: no mark
@@ -452,10 +458,7 @@ func TestInfraFailureRetriesAndResumes(t *testing.T) {
 
 func TestApplicationFailureIsNotRetried(t *testing.T) {
 	w := newWorld(t)
-	e := w.upload("jobs/f.json", example(t))
-	_ = w.deliver("intake", e)
-	w.drain()
-	runID := names.RunIDFromObject(intake, "jobs/f.json", mustGen(t, e))
+	runID := w.admit("jobs/f.json", example(t))
 	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
 	w.writeLayout(runID, 1, 0, "failed")
 	w.tick()
@@ -467,10 +470,7 @@ func TestApplicationFailureIsNotRetried(t *testing.T) {
 
 func TestDeadlineAndLostFinished(t *testing.T) {
 	w := newWorld(t)
-	e := w.upload("jobs/h.json", example(t))
-	_ = w.deliver("intake", e)
-	w.drain()
-	runID := names.RunIDFromObject(intake, "jobs/h.json", mustGen(t, e))
+	runID := w.admit("jobs/h.json", example(t))
 	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
 	w.tick()
 	w.drop[w.deps.Config.Topics.Finished] = 1 // the finished message is lost

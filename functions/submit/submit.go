@@ -6,7 +6,6 @@ package submit
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -20,14 +19,7 @@ type Handler struct{ *pipeline.Deps }
 
 // Handle creates the RayJob for the attempt the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
-	if e.Type() != pipeline.PubSubPublished {
-		return pipeline.Permanent(fmt.Errorf("unexpected event type %q", e.Type()))
-	}
-	step, err := pipeline.DecodeStep(e)
-	if err != nil {
-		return err
-	}
-	rec, err := h.GetRun(ctx, step.RunID)
+	step, rec, err := h.StepRun(ctx, e)
 	if err != nil {
 		return err
 	}

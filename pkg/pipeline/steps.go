@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/cloudevents/sdk-go/v2/event"
+
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -137,4 +139,18 @@ func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
 	d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", lease.Holder)
 	_, err = d.Announce(ctx, rec, "queued")
 	return err
+}
+
+// StepRun reads the step message a chained function receives and the record
+// of the run it names.
+func (d *Deps) StepRun(ctx context.Context, e event.Event) (Step, *runs.Record, error) {
+	if e.Type() != PubSubPublished {
+		return Step{}, nil, Permanent(fmt.Errorf("unexpected event type %q", e.Type()))
+	}
+	step, err := DecodeStep(e)
+	if err != nil {
+		return step, nil, err
+	}
+	rec, err := d.GetRun(ctx, step.RunID)
+	return step, rec, err
 }
