@@ -27,8 +27,10 @@ func New(w io.Writer, level slog.Leveler) *slog.Logger {
 					a.Value = slog.StringValue(severity(l))
 				}
 			case slog.SourceKey:
-				a.Key = "logging.googleapis.com/sourceLocation"
+				// Only the handler's own source location: an attribute that
+				// happens to be called "source" (a run's source) stays as it is.
 				if s, ok := a.Value.Any().(*slog.Source); ok {
+					a.Key = "logging.googleapis.com/sourceLocation"
 					a.Value = slog.GroupValue(slog.String("file", s.File), slog.String("line", strconv.Itoa(s.Line)), slog.String("function", s.Function))
 				}
 			}
