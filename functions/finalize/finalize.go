@@ -141,9 +141,12 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 	if lease.Holder != "" {
 		return nil // this run never held the cluster; its holder keeps the workers
 	}
-	if err := h.ScaleToZero(ctx, rec.Namespace, rec.Cluster); err != nil {
+	changed, err := h.ScaleToZero(ctx, rec.Namespace, rec.Cluster)
+	if err != nil {
 		return err
 	}
-	h.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
+	if changed {
+		h.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
+	}
 	return nil
 }

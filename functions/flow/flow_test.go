@@ -486,3 +486,31 @@ func TestDeadlineAndLostFinished(t *testing.T) {
 		t.Errorf("phase %s reason %q rayjobs %d failed events %d workers %d", r.Phase, r.Reason, w.rayJobs(), w.count("failed"), w.workers())
 	}
 }
+
+// TestStalledStepResentOncePerStaleStep: however often ticks come, the
+// sweep resends a stalled step's message once per staleStep, not on every
+// tick, so copies never pile up in front of it.
+func TestStalledStepResentOncePerStaleStep(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/s.json", example(t))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	finished := w.deps.Config.Topics.Finished
+	w.drop[finished] = 2 // the finished message and its first resend are lost
+	w.now = w.now.Add(25 * time.Hour)
+	w.tick() // deadline: FINISHING, finished sent (lost)
+	w.now = w.now.Add(2 * time.Minute)
+	w.tick() // stale: resent (lost)
+	for range 5 {
+		w.now = w.now.Add(5 * time.Second)
+		w.tick() // ticks every 5 s: nothing more until a full minute passed
+	}
+	if got := w.sent[finished]; got != 2 {
+		t.Fatalf("finished sent %d times within a minute of the resend, want 2 (original and one resend)", got)
+	}
+	w.now = w.now.Add(time.Minute)
+	w.tick() // stale again: resent, delivered
+	if got, r := w.sent[finished], w.record(runID); got != 3 || r.Phase != runs.Failed {
+		t.Errorf("finished sent %d times, phase %s; want 3 and FAILED", got, r.Phase)
+	}
+}

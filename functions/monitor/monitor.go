@@ -97,14 +97,12 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 			return h.Finish(ctx, runID, rec.Attempt, pipeline.OutcomeCancelled, "cancelled before the job started")
 		}
 		if sweep && stale {
-			h.Log.Warn("step_resent", "run_id", runID, "step", "provisioned")
-			return h.Send(ctx, h.Config.Topics.Provisioned, pipeline.Step{RunID: runID, Attempt: rec.Attempt})
+			return h.resend(ctx, rec, "provisioned", h.Config.Topics.Provisioned)
 		}
 		return nil
 	case runs.Finishing:
 		if sweep && stale {
-			h.Log.Warn("step_resent", "run_id", runID, "step", "finished")
-			return h.Send(ctx, h.Config.Topics.Finished, pipeline.Step{RunID: runID, Attempt: rec.Attempt})
+			return h.resend(ctx, rec, "finished", h.Config.Topics.Finished)
 		}
 		return nil
 	default:
@@ -185,6 +183,29 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 	}
 	return nil
 }
+
+// resend sends a stalled step's message again. It first touches the record
+// (its UpdatedAt), so the step counts as stale again only a full staleStep
+// later: however often ticks come, a stalled step is resent once per
+// staleStep, never in a storm that buries the message behind its copies.
+func (h *Handler) resend(ctx context.Context, rec *runs.Record, step, topic string) error {
+	phase, attempt := rec.Phase, rec.Attempt
+	if _, err := h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		if r.Phase != phase || r.Attempt != attempt {
+			return errMoved
+		}
+		return nil
+	}); errors.Is(err, errMoved) {
+		return nil // the step went on meanwhile
+	} else if err != nil {
+		return err
+	}
+	h.Log.Warn("step_resent", "run_id", rec.RunID, "step", step)
+	return h.Send(ctx, topic, pipeline.Step{RunID: rec.RunID, Attempt: attempt})
+}
+
+// errMoved says a record left the phase a resend was for.
+var errMoved = errors.New("the run moved on")
 
 // succeed sends a successful attempt to finalize. A job so short that no
 // check saw it running is recorded as having run first, so subscribers
@@ -360,7 +381,7 @@ func (h *Handler) scaleDownIdle(ctx context.Context, busy map[string]bool) (int,
 		if h.Time().Sub(lease.Updated) < h.Config.ScaleDownAge {
 			continue
 		}
-		if err := h.ScaleToZero(ctx, rc.Namespace, rc.Name); err != nil {
+		if _, err := h.ScaleToZero(ctx, rc.Namespace, rc.Name); err != nil {
 			return n, err
 		}
 		h.Log.Warn("cluster_scaled_to_zero", "cluster", rc.Namespace+"/"+rc.Name, "why", "workers and no active run")

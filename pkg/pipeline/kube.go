@@ -76,15 +76,15 @@ func equal(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *
 // ScaleToZero sets replicas and minReplicas of every worker group to 0
 // (KubeRay would clamp replicas up to minReplicas otherwise). A cluster that
 // is gone needs nothing.
-func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) error {
+func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) (changed bool, err error) {
 	rcs := d.Ray.RayV1().RayClusters(namespace)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := rcs.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		zero := int32(0)
-		changed := false
+		changed = false
 		for i := range cur.Spec.WorkerGroupSpecs {
 			g := &cur.Spec.WorkerGroupSpecs[i]
 			if !equal(g.Replicas, &zero) || !equal(g.MinReplicas, &zero) {
@@ -99,9 +99,9 @@ func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) error {
 		return err
 	})
 	if apierrors.IsNotFound(err) {
-		return nil
+		return false, nil
 	}
-	return kubeErr("scale raycluster "+namespace+"/"+name+" to zero", err)
+	return changed && err == nil, kubeErr("scale raycluster "+namespace+"/"+name+" to zero", err)
 }
 
 // HasWorkers reports whether a cluster's spec asks for any worker.

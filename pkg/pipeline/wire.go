@@ -72,7 +72,26 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	}, nil
 }
 
+// Client-side rate limits of the Kubernetes clients. client-go's defaults
+// (5 requests/s, bursts of 10) are made for one controller per cluster; a
+// function instance serves many events at once, and at 5/s its handlers
+// queue behind each other (100 concurrent deliveries took 20 s on the local
+// cloud). The API server's own priority and fairness protects it.
+const (
+	kubeQPS   = 100
+	kubeBurst = 200
+)
+
 func kubeConfig(ctx context.Context, cfg Config) (*rest.Config, error) {
+	rc, err := kubeConfigFor(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = kubeQPS, kubeBurst
+	return rc, nil
+}
+
+func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 	if cfg.Kubeconfig != "" {
 		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 		if err != nil {
