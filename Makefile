@@ -50,8 +50,15 @@ go-test: tools ## Go tests with the race detector against a real kube-apiserver 
 	$(GO) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: localcloud-test
-localcloud-test: tools ## The local cloud's own tests and the end-to-end suite on it (real emulators, kube-apiserver, KubeRay reconcilers)
-	cd infra/localcloud && $(GO) test -count=1 -shuffle=on -timeout 15m ./...
+localcloud-test: tools ## The local cloud's own tests, the end-to-end suite on it, then the proof suite (faults, bad input, secrets)
+	cd infra/localcloud && $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)
+	$(MAKE) --no-print-directory proof
+
+.PHONY: proof
+proof: tools ## The reliability and security suite on its own local cloud; prints a report per scenario (also .build/proof-report.json)
+	mkdir -p .build && rm -f .build/proof-report.*
+	cd infra/localcloud && status=0 && RAYDROP_PROOF_REPORT=$(CURDIR)/.build/proof-report.json $(GO) test -count=1 -timeout 25m ./proof || status=$$?; \
+		cat $(CURDIR)/.build/proof-report.txt 2>/dev/null || true; exit $$status
 
 .PHONY: trainer-contract
 trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
@@ -68,9 +75,12 @@ lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check, on both Go
 fmt: $(GOLANGCI) ## Format the Go code
 	$(GOLANGCI) fmt ./...
 
+BENCH_FLAGS ?=
+
 .PHONY: bench
-bench: ## Benchmarks that print figures
+bench: tools ## Benchmarks that print figures: Go micro-benchmarks, then the control plane on the local cloud (JSON in .build/bench.json)
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
+	cd infra/localcloud && $(GO) run ./cmd/bench -json $(CURDIR)/.build/bench.json $(BENCH_FLAGS)
 
 .PHONY: schema
 schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)

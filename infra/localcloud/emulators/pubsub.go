@@ -53,6 +53,7 @@ type PubSub struct {
 
 	mu           sync.Mutex
 	deadLettered map[string]int // trigger name -> messages dead-lettered so far
+	deadMessages map[string][]*pubsubpb.PubsubMessage
 }
 
 // StartPubSub starts the Pub/Sub emulator on a free port of 127.0.0.1 and
@@ -97,6 +98,7 @@ func StartPubSub(ctx context.Context, project string, logDir string) (*PubSub, e
 				Project:      project,
 				proc:         proc,
 				deadLettered: map[string]int{},
+				deadMessages: map[string][]*pubsubpb.PubsubMessage{},
 			}
 			if p.client, err = p.NewClient(context.WithoutCancel(ctx)); err != nil {
 				_ = proc.stop()
@@ -260,6 +262,14 @@ func (p *PubSub) CreatePushSubscription(ctx context.Context, t Trigger) error {
 // message: the id of the subscription it was dead-lettered from.
 const deadLetterSourceAttr = "CloudPubSubDeadLetterSourceSubscription"
 
+// DeadLetteredMessages returns the messages DeadLettered has counted for
+// the trigger so far.
+func (p *PubSub) DeadLetteredMessages(trigger string) []*pubsubpb.PubsubMessage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*pubsubpb.PubsubMessage(nil), p.deadMessages[trigger]...)
+}
+
 // DeadLettered returns how many messages have been dead-lettered from the
 // trigger's subscription since it was created. It pulls and acknowledges
 // what has arrived on the trigger's dead-letter subscription and keeps a
@@ -288,6 +298,7 @@ func (p *PubSub) DeadLettered(ctx context.Context, trigger string) (int, error) 
 			ids = append(ids, m.AckId)
 			if src := m.GetMessage().GetAttributes()[deadLetterSourceAttr]; src == "" || src == trigger || src == p.SubscriptionName(trigger) {
 				p.deadLettered[trigger]++
+				p.deadMessages[trigger] = append(p.deadMessages[trigger], m.GetMessage())
 			}
 		}
 		if err := p.client.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{

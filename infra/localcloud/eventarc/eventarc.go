@@ -6,7 +6,8 @@
 // Pub/Sub emulator pushes to the route's endpoint (PushEndpoint); the
 // adapter turns the push into the CloudEvent Eventarc would send, posts it
 // to the function in binary content mode (context attributes in ce-*
-// headers, the data as the body) and answers the push with the function's
+// headers, percent-encoded as the CloudEvents HTTP binding requires, the
+// data as the body) and answers the push with the function's
 // status code, so the subscription's retry and dead-letter policies act on
 // the function's failures as they do in the cloud:
 //
@@ -119,11 +120,12 @@ type Adapter struct {
 	client *http.Client
 	mux    *http.ServeMux
 
-	mu      sync.Mutex
-	drops   map[string]int // route → deliveries still to lose
-	stats   map[string]*RouteStats
-	baseURL string
-	server  *http.Server
+	mu       sync.Mutex
+	drops    []*drop // deliveries still to lose
+	observer func(Delivery)
+	stats    map[string]*RouteStats
+	baseURL  string
+	server   *http.Server
 }
 
 // maxPushBytes bounds a push body: a 10 MB message, base64-encoded, and its
@@ -302,14 +304,8 @@ func (a *Adapter) push(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.count(name, func(s *RouteStats) { s.Pushes++ })
-	if a.takeDrop(name) {
-		// A lost message: acknowledged, never delivered.
-		a.count(name, func(s *RouteStats) { s.Dropped++ })
-		a.log.Warn("eventarc: push dropped on purpose", "route", name)
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
 	log := a.log.With("route", name, "target", route.Target)
+	start := time.Now()
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPushBytes))
 	var p pushRequest
@@ -324,17 +320,28 @@ func (a *Adapter) push(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.As(err, &ignored):
 		a.count(name, func(s *RouteStats) { s.Ignored++ })
+		a.observe(Delivery{Route: name, Outcome: Ignored, Event: ev, Start: start})
 		log.Debug("eventarc: push dropped by the trigger's filters", "why", ignored.why, "messageId", p.Message.MessageID)
 		w.WriteHeader(http.StatusNoContent)
 		return
 	case err != nil:
 		a.count(name, func(s *RouteStats) { s.BadPushes++ })
+		a.observe(Delivery{Route: name, Outcome: Bad, Err: err, Start: start})
 		log.Error("eventarc: bad push", "err", err, "body", truncate(body, 512))
 		http.Error(w, "bad push: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if a.takeDrop(name, ev) {
+		// A lost message: acknowledged, never delivered.
+		a.count(name, func(s *RouteStats) { s.Dropped++ })
+		a.observe(Delivery{Route: name, Outcome: Dropped, Event: ev, Start: start})
+		log.Warn("eventarc: push dropped on purpose", "id", ev.ID(), "subject", ev.Subject())
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 
 	code, answer, err := a.deliver(r.Context(), route.Target, &ev)
+	a.observe(Delivery{Route: name, Outcome: Delivered, Event: ev, Code: code, Err: err, Start: start, Took: time.Since(start)})
 	a.count(name, func(s *RouteStats) {
 		s.Deliveries++
 		if err != nil {
@@ -429,6 +436,7 @@ func (a *Adapter) deliver(ctx context.Context, target string, ev *event.Event) (
 	if err := cehttp.WriteRequest(binding.WithForceBinary(ctx), binding.ToMessage(ev), req); err != nil {
 		return 0, "", err
 	}
+	percentEncodeCE(req.Header)
 	resp, err := a.client.Do(req)
 	if err != nil {
 		return 0, "", err
@@ -437,6 +445,30 @@ func (a *Adapter) deliver(ctx context.Context, target string, ev *event.Event) (
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, strings.TrimSpace(string(answer)), nil
+}
+
+// percentEncodeCE percent-encodes the ce-* header values as the CloudEvents
+// HTTP binding requires (section 3.1.3.2): space, '"', '%' and everything
+// outside printable ASCII, as UTF-8 bytes. An object name with control
+// characters or non-ASCII letters thus reaches the function as a subject
+// header it can be sent in, where a raw value would not be a valid header.
+func percentEncodeCE(h http.Header) {
+	for k, vs := range h {
+		if !strings.HasPrefix(strings.ToLower(k), "ce-") {
+			continue
+		}
+		for i, v := range vs {
+			var b strings.Builder
+			for _, c := range []byte(v) {
+				if c <= ' ' || c > '~' || c == '"' || c == '%' {
+					fmt.Fprintf(&b, "%%%02X", c)
+				} else {
+					b.WriteByte(c)
+				}
+			}
+			vs[i] = b.String()
+		}
+	}
 }
 
 func truncate(b []byte, n int) string {
@@ -449,21 +481,71 @@ func truncate(b []byte, n int) string {
 // DropNext makes the route lose its next n pushes: each is acknowledged and
 // never delivered, as a message lost between services would be. It is the
 // fault the tests inject to prove that the pipeline's sweep recovers.
-func (a *Adapter) DropNext(route string, n int) {
+func (a *Adapter) DropNext(route string, n int) { a.DropMatching(route, n, nil) }
+
+// DropMatching makes the route lose the next n pushes whose event match
+// accepts (nil: any).
+func (a *Adapter) DropMatching(route string, n int, match func(event.Event) bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.drops == nil {
-		a.drops = map[string]int{}
-	}
-	a.drops[route] += n
+	a.drops = append(a.drops, &drop{route: route, left: n, match: match})
 }
 
-func (a *Adapter) takeDrop(route string) bool {
+type drop struct {
+	route string
+	left  int
+	match func(event.Event) bool
+}
+
+func (a *Adapter) takeDrop(route string, ev event.Event) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.drops[route] > 0 {
-		a.drops[route]--
+	for i, d := range a.drops {
+		if d.route != route || d.match != nil && !d.match(ev) {
+			continue
+		}
+		if d.left--; d.left <= 0 {
+			a.drops = append(a.drops[:i], a.drops[i+1:]...)
+		}
 		return true
 	}
 	return false
+}
+
+// What the adapter did with a push.
+const (
+	Delivered = "delivered" // posted to the function (Code or Err says how it went)
+	Dropped   = "dropped"   // lost on purpose (DropNext)
+	Ignored   = "ignored"   // filtered out by the trigger
+	Bad       = "bad"       // not a valid push for the route
+)
+
+// Delivery is what the adapter did with one push.
+type Delivery struct {
+	Route   string
+	Outcome string
+	// Event is the CloudEvent made from the push (empty for a bad push).
+	Event event.Event
+	// Code is the function's answer; 0 with Err when it gave none.
+	Code  int
+	Err   error
+	Start time.Time
+	Took  time.Duration
+}
+
+// Observe makes the adapter call f after each push it handled, on the
+// push's goroutine; nil stops it.
+func (a *Adapter) Observe(f func(Delivery)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.observer = f
+}
+
+func (a *Adapter) observe(d Delivery) {
+	a.mu.Lock()
+	f := a.observer
+	a.mu.Unlock()
+	if f != nil {
+		f(d)
+	}
 }

@@ -199,7 +199,8 @@ func TestThroughEmulators(t *testing.T) {
 			a.Stats()["uploads"].Ignored >= 2
 	})
 
-	// The finalized event, as Eventarc sends it.
+	// The finalized event, as Eventarc sends it: the ce-subject header
+	// percent-encoded as the CloudEvents HTTP binding requires.
 	up := fns.get("/uploads")
 	if len(up) != 1 {
 		t.Fatalf("uploads function got %d events, want 1: %+v", len(up), up)
@@ -207,7 +208,7 @@ func TestThroughEmulators(t *testing.T) {
 	e := up[0]
 	if e.typ != "google.cloud.storage.object.v1.finalized" ||
 		e.source != "//storage.googleapis.com/projects/_/buckets/uploads" ||
-		e.subj != "objects/in/job 1.json" || e.bucket != "uploads" || e.ctype != "application/json" ||
+		e.subj != "objects/in/job%201.json" || e.bucket != "uploads" || e.ctype != "application/json" ||
 		e.id == "" || e.time.IsZero() || time.Since(e.time) > time.Minute {
 		t.Errorf("finalized event = %+v", e)
 	}

@@ -4,21 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/cli"
 	"github.com/raydrop/raydrop/pkg/events"
@@ -30,8 +28,7 @@ const output = "raydrop-e2e-checkpoints"
 
 var (
 	st      *stack.Stack
-	mu      sync.Mutex
-	seen    = map[string][]events.Run{} // run ID → public events in arrival order
+	evs     *probe.Events // the public events topic, as a subscriber sees it
 	ray     rayclient.Interface
 	kube    kubernetes.Interface
 	example []byte
@@ -49,28 +46,12 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer st.Stop()
-		if _, err := st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
-			Name: st.PubSub.SubscriptionName("e2e-events"), Topic: st.PubSub.TopicName(stack.Topics.Events), AckDeadlineSeconds: 30,
-		}); err != nil {
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		if evs, err = probe.TapEvents(rctx, st, "e2e-events"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		rctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			_ = st.PS.Subscriber("e2e-events").Receive(rctx, func(_ context.Context, m *pubsub.Message) {
-				m.Ack()
-				e, err := events.FromPubSub(m.Attributes, m.Data)
-				if err != nil {
-					return
-				}
-				var d events.Run
-				_ = json.Unmarshal(e.Data(), &d)
-				mu.Lock()
-				seen[d.RunID] = append(seen[d.RunID], d)
-				mu.Unlock()
-			})
-		}()
 		if ray, err = rayclient.NewForConfig(st.Sim.Config); err != nil {
 			return 1
 		}
@@ -99,123 +80,68 @@ func TestMain(m *testing.M) {
 // side) with the given overrides merged in.
 func specFor(t *testing.T, cluster string, extra map[string]any) []byte {
 	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(example, &m); err != nil {
+	b, err := probe.Spec(example, cluster, output, extra)
+	if err != nil {
 		t.Fatal(err)
 	}
-	m["cluster"].(map[string]any)["name"] = cluster
-	m["output"].(map[string]any)["bucket"] = output
-	for k, v := range extra {
-		m[k] = v
-	}
-	b, _ := json.Marshal(m)
 	return b
 }
 
 // upload drops a spec into jobs/ with a scenario for its simulated Ray job.
 func upload(t *testing.T, name string, data []byte, scenario string) string {
 	t.Helper()
-	ctx := context.Background()
-	w := st.GCS.Bucket(stack.IntakeBucket).Object("jobs/" + name + ".json").NewWriter(ctx)
-	w.Metadata = map[string]string{stack.SimMetadata: scenario}
-	if _, err := w.Write(data); err != nil {
+	runID, err := probe.Upload(context.Background(), st, name, data, scenario)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return names.RunIDFromObject(stack.IntakeBucket, "jobs/"+name+".json", w.Attrs().Generation)
+	return runID
 }
 
 // waitPhase polls the run record until it reaches one of want.
 func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Phase) *runs.Record {
 	t.Helper()
-	store := &runs.Store{Bucket: st.GCS.Bucket(stack.IntakeBucket)}
-	deadline := time.Now().Add(limit)
-	var last *runs.Record
-	for time.Now().Before(deadline) {
-		r, err := store.Get(context.Background(), runID)
-		if err == nil {
-			last = r
-			for _, p := range want {
-				if r.Phase == p {
-					return r
-				}
-			}
-		} else if !errors.Is(err, runs.ErrNotFound) {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	r, err := probe.WaitPhase(context.Background(), st, runID, limit, want...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if last != nil {
-		t.Fatalf("run %s is %s (%s) after %s, want %v", runID, last.Phase, last.Reason, limit, want)
-	}
-	t.Fatalf("run %s has no record after %s", runID, limit)
-	return nil
+	return r
 }
 
-// eventsOf waits until the run's terminal event arrived and a little more,
-// then returns its events.
+// eventsOf waits until the run's terminal event arrived and a little more
+// (a duplicate would arrive by then), validates every event against its
+// schema, and returns them.
 func eventsOf(t *testing.T, runID string) []events.Run {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		mu.Lock()
-		evs := append([]events.Run(nil), seen[runID]...)
-		mu.Unlock()
-		for _, e := range evs {
-			if events.Terminal[e.Phase] {
-				time.Sleep(3 * time.Second) // a duplicate would arrive by now
-				mu.Lock()
-				evs = append([]events.Run(nil), seen[runID]...)
-				mu.Unlock()
-				for _, e := range evs {
-					validate(t, e)
-				}
-				return evs
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
+	seen, err := evs.WaitTerminal(runID, 20*time.Second, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no terminal event for run %s", runID)
-	return nil
+	out := make([]events.Run, 0, len(seen))
+	for _, e := range seen {
+		validate(t, e.Run)
+		out = append(out, e.Run)
+	}
+	return out
 }
 
 func count(evs []events.Run, phase string) int {
 	n := 0
 	for _, e := range evs {
-		if e.Phase == phase {
+		if e.Phase == phase || phase == "terminal" && events.Terminal[e.Phase] {
 			n++
 		}
 	}
 	return n
 }
 
-func terminalEvents(evs []events.Run) int {
-	n := 0
-	for _, e := range evs {
-		if events.Terminal[e.Phase] {
-			n++
-		}
-	}
-	return n
-}
+func terminalEvents(evs []events.Run) int { return count(evs, "terminal") }
 
 // waitNoWorkers waits until the cluster has no worker pod.
 func waitNoWorkers(t *testing.T, cluster string) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		pods, err := kube.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "ray.io/node-type=worker,ray.io/cluster=" + cluster})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(pods.Items) == 0 {
-			return
-		}
-		time.Sleep(300 * time.Millisecond)
+	if err := probe.WaitNoWorkers(context.Background(), kube, cluster, 60*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("worker pods of %s still exist", cluster)
 }
 
 func rayJobsOf(t *testing.T, runID string) int {
@@ -407,12 +333,10 @@ func TestDuplicateStorageEvents(t *testing.T) {
 	}
 	gen := w.Attrs().Generation
 	runID := names.RunIDFromObject(stack.IntakeBucket, name, gen)
-	obj, _ := json.Marshal(map[string]string{"kind": "storage#object", "bucket": stack.IntakeBucket, "name": name, "generation": fmt.Sprint(gen), "size": fmt.Sprint(len(data))})
-	attrs := map[string]string{"eventType": "OBJECT_FINALIZE", "bucketId": stack.IntakeBucket, "objectId": name, "objectGeneration": fmt.Sprint(gen), "payloadFormat": "JSON_API_V1"}
 	pub := st.PS.Publisher(stack.NotifyTopic)
 	defer pub.Stop()
 	for range 4 { // the fifth is fake-gcs-server's own
-		if _, err := pub.Publish(ctx, &pubsub.Message{Data: obj, Attributes: attrs}).Get(ctx); err != nil {
+		if _, err := pub.Publish(ctx, probe.Notification(name, gen, len(data))).Get(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -3,6 +3,11 @@
 // KubeRay's own reconcilers and the kubelet/Job simulators, the Eventarc
 // adapter with the deployment's push subscriptions, the four functions each
 // in its own process exactly as deployed, and a scheduler ticker.
+//
+// The functions reach the API server and Cloud Storage through the
+// recording, fault-injecting proxies of package faults (KubeProxy,
+// GCSProxy), one door per function, so tests count what each function asks
+// of the services and inject conflicts, outages and crashes mid-handler.
 package stack
 
 import (
@@ -18,15 +23,20 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/storage"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/raydrop/raydrop/infra/localcloud/emulators"
 	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
+	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/names"
 )
@@ -72,12 +82,20 @@ type Stack struct {
 	GCS        *storage.Client
 	PS         *pubsub.Client
 	Kubeconfig string
-	funcs      []*exec.Cmd
-	ownState   bool // StateDir was made by Start: removed by Stop unless kept
-	keepState  bool
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
-	stopOnce   sync.Once
+	// KubeProxy and GCSProxy stand between the functions and the API
+	// server and fake-gcs-server.
+	KubeProxy *faults.Proxy
+	GCSProxy  *faults.Proxy
+	funcs     map[string]*function
+	crashMu   sync.Mutex
+	crashes   []*crashPlan
+	paused    atomic.Bool
+	stopping  atomic.Bool
+	ownState  bool // StateDir was made by Start: removed by Stop unless kept
+	keepState bool
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	stopOnce  sync.Once
 }
 
 // Env is the environment that points tools and clients at the stack.
@@ -159,14 +177,33 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		return nil, err
 	}
 
+	rt, err := rest.TransportFor(s.Sim.Config)
+	if err != nil {
+		return nil, err
+	}
+	if s.KubeProxy, err = faults.New("kube-apiserver", s.Sim.Config.Host, rt); err != nil {
+		return nil, err
+	}
+	if s.GCSProxy, err = faults.New("fake-gcs-server", s.Storage.URL(), nil); err != nil {
+		return nil, err
+	}
+	hook := func(r faults.Request) { s.crashHook(r) }
+	s.KubeProxy.SetHook(hook)
+	s.GCSProxy.SetHook(hook)
+
 	s.step("starting the four functions, each in its own process")
 	targets := map[string]string{}
-	for _, fn := range []string{"Provision", "Submit", "Monitor", "Finalize"} {
-		url, err := s.startFunction(ctx, bin, fn)
+	s.funcs = map[string]*function{}
+	for _, fn := range Functions {
+		f, err := s.newFunction(bin, fn)
 		if err != nil {
 			return nil, err
 		}
-		targets[fn] = url
+		if err := f.start(ctx); err != nil {
+			return nil, err
+		}
+		s.funcs[fn] = f
+		targets[fn] = f.url()
 	}
 
 	routes := []eventarc.Route{
@@ -207,45 +244,265 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	return s, nil
 }
 
-// startFunction runs one function as the Cloud Run functions Go runtime
-// would: the buildpack-style binary with FUNCTION_TARGET and PORT.
-func (s *Stack) startFunction(ctx context.Context, bin, target string) (string, error) {
+// Functions are the four functions' entry points.
+var Functions = []string{"Provision", "Submit", "Monitor", "Finalize"}
+
+// function is one function's process, run as the Cloud Run functions Go
+// runtime would: the buildpack-style binary with FUNCTION_TARGET and PORT.
+// A restart (after a crash) listens on the same port, as a new instance
+// behind the same service URL.
+type function struct {
+	name, bin string
+	port      int
+	env       []string
+	logPath   string
+
+	startMu  sync.Mutex // one restart at a time
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	killed   bool // the current process was killed on purpose
+	restarts int
+	exits    []string // unexpected exits
+}
+
+func (f *function) url() string { return fmt.Sprintf("http://127.0.0.1:%d/", f.port) }
+
+func (s *Stack) newFunction(bin, target string) (*function, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	logf, err := os.Create(filepath.Join(s.opts.StateDir, strings.ToLower(target)+".log"))
+	f := &function{name: target, bin: bin, port: port, logPath: filepath.Join(s.opts.StateDir, strings.ToLower(target)+".log")}
+	kubeDoor, err := s.KubeProxy.Door(target)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
-		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+s.Kubeconfig,
+	gcsDoor, err := s.GCSProxy.Door(target)
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig := filepath.Join(s.opts.StateDir, "kubeconfig-"+strings.ToLower(target))
+	if err := writeProxyKubeconfig(kubeconfig, "http://"+kubeDoor); err != nil {
+		return nil, err
+	}
+	f.env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
+		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud")
-	cmd.Env = append(cmd.Env, s.PubSub.Env()...)
-	cmd.Env = append(cmd.Env, s.Storage.Env()...)
+	f.env = append(f.env, s.PubSub.Env()...)
+	f.env = append(f.env, "STORAGE_EMULATOR_HOST="+gcsDoor)
+	return f, nil
+}
+
+// writeProxyKubeconfig writes a kubeconfig for the proxy's plain-HTTP door
+// (the proxy holds the admin credentials).
+func writeProxyKubeconfig(path, server string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: server}
+	cfg.AuthInfos["function"] = &clientcmdapi.AuthInfo{}
+	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "function"}
+	cfg.CurrentContext = "local"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// start starts the process and waits until it listens.
+func (f *function) start(ctx context.Context) error {
+	logf, err := os.OpenFile(f.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(f.bin)
+	cmd.Env = f.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("start %s: %w", target, err)
+		_ = logf.Close()
+		return fmt.Errorf("start %s: %w", f.name, err)
 	}
-	s.funcs = append(s.funcs, cmd)
-	addr := "127.0.0.1:" + strconv.Itoa(port)
+	f.mu.Lock()
+	f.cmd, f.killed = cmd, false
+	f.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		_ = logf.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.cmd == cmd && !f.killed {
+			f.exits = append(f.exits, fmt.Sprintf("%s exited: %v (log: %s)", f.name, err, f.logPath))
+		}
+	}()
+	addr := "127.0.0.1:" + strconv.Itoa(f.port)
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 			_ = c.Close()
-			return "http://" + addr + "/", nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return "", ctx.Err()
+			return ctx.Err()
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
-	return "", fmt.Errorf("function %s did not listen on %s within 30 s (log: %s)", target, addr, logf.Name())
+	return fmt.Errorf("function %s did not listen on %s within 30 s (log: %s)", f.name, addr, f.logPath)
 }
+
+// kill kills the process (and its group) at once.
+func (f *function) kill() {
+	f.mu.Lock()
+	cmd := f.cmd
+	f.killed = true
+	f.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// Kill kills a function's process at once, as a crashed instance.
+func (s *Stack) Kill(fn string) error {
+	f, ok := s.funcs[fn]
+	if !ok {
+		return fmt.Errorf("no function %q", fn)
+	}
+	f.kill()
+	return nil
+}
+
+// Restart starts a killed function again on its port.
+func (s *Stack) Restart(ctx context.Context, fn string) error {
+	f, ok := s.funcs[fn]
+	if !ok {
+		return fmt.Errorf("no function %q", fn)
+	}
+	f.startMu.Lock()
+	defer f.startMu.Unlock()
+	f.mu.Lock()
+	alive := !f.killed
+	if !alive {
+		f.restarts++
+	}
+	f.mu.Unlock()
+	if alive || s.stopping.Load() {
+		return nil // another restart won, or the stack is going away
+	}
+	return f.start(ctx)
+}
+
+// Restarts counts the restarts of a function's process.
+func (s *Stack) Restarts(fn string) int {
+	f, ok := s.funcs[fn]
+	if !ok {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.restarts
+}
+
+// URL is a function's URL, where Eventarc posts its events.
+func (s *Stack) URL(fn string) string {
+	if f, ok := s.funcs[fn]; ok {
+		return f.url()
+	}
+	return ""
+}
+
+// Exits lists the function processes that ended without being killed on
+// purpose: a crash.
+func (s *Stack) Exits() []string {
+	var out []string
+	for _, fn := range Functions {
+		f := s.funcs[fn]
+		f.mu.Lock()
+		out = append(out, f.exits...)
+		f.mu.Unlock()
+	}
+	return out
+}
+
+// Crash is a function process killed mid-handler by a crash plan.
+type Crash struct {
+	Function string
+	// After is the write the process sent last, which the service carried
+	// out: "PUT /storage/v1/b/raydrop-intake/o/runs%2F..." and the like.
+	After string
+	At    time.Time
+}
+
+type crashPlan struct {
+	fn    string
+	left  int
+	match func(faults.Request) bool
+	fired chan struct{}
+	done  chan Crash
+}
+
+// CrashAt kills fn's process right after the service carried out its nth
+// write (through either proxy) that match accepts (nil: any), before the
+// process sees the answer, then restarts it after restartAfter, as Cloud
+// Run replaces a crashed instance. The channel gets the crash; cancel
+// disarms a plan that has not fired.
+func (s *Stack) CrashAt(fn string, nth int, match func(faults.Request) bool, restartAfter time.Duration) (crashed <-chan Crash, cancel func()) {
+	p := &crashPlan{fn: fn, left: nth, match: match, fired: make(chan struct{}), done: make(chan Crash, 1)}
+	s.crashMu.Lock()
+	s.crashes = append(s.crashes, p)
+	s.crashMu.Unlock()
+	disarmed := make(chan struct{})
+	go func() {
+		select {
+		case <-p.fired:
+		case <-disarmed:
+			return
+		}
+		time.Sleep(restartAfter)
+		if err := s.Restart(context.Background(), fn); err != nil {
+			s.opts.Log.Error("restart after crash", "function", fn, "error", err.Error())
+		}
+	}()
+	var once sync.Once
+	return p.done, func() {
+		once.Do(func() {
+			s.crashMu.Lock()
+			defer s.crashMu.Unlock()
+			for i, q := range s.crashes {
+				if q == p {
+					s.crashes = append(s.crashes[:i], s.crashes[i+1:]...)
+					close(disarmed)
+					return
+				}
+			}
+		})
+	}
+}
+
+func (s *Stack) crashHook(r faults.Request) {
+	if !r.Write || r.Status == 0 {
+		return
+	}
+	s.crashMu.Lock()
+	var fire *crashPlan
+	for i, p := range s.crashes {
+		if p.fn != r.Client || (p.match != nil && !p.match(r)) {
+			continue
+		}
+		if p.left--; p.left == 0 {
+			fire = p
+			s.crashes = append(s.crashes[:i], s.crashes[i+1:]...)
+		}
+		break
+	}
+	s.crashMu.Unlock()
+	if fire == nil {
+		return
+	}
+	s.funcs[fire.fn].kill()
+	s.opts.Log.Warn("function killed mid-handler", "function", fire.fn, "after", r.Method+" "+r.Path)
+	fire.done <- Crash{Function: fire.fn, After: r.Method + " " + r.Path, At: time.Now()}
+	close(fire.fired)
+}
+
+// PauseTicks stops (true) or resumes (false) the scheduler ticker.
+func (s *Stack) PauseTicks(pause bool) { s.paused.Store(pause) }
 
 // ticker is Cloud Scheduler: a message on the tick topic every interval.
 func (s *Stack) ticker(ctx context.Context, every time.Duration) {
@@ -259,6 +516,9 @@ func (s *Stack) ticker(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			if s.paused.Load() {
+				continue
+			}
 			pub.Publish(ctx, &pubsub.Message{Data: []byte(now.UTC().Format(time.RFC3339))})
 		}
 	}
@@ -348,16 +608,21 @@ func (s *Stack) KeepState() { s.keepState = true }
 // Stop stops everything the stack started, functions first.
 func (s *Stack) Stop() {
 	s.stopOnce.Do(func() {
+		s.stopping.Store(true)
 		if s.cancel != nil {
 			s.cancel()
 			s.wg.Wait()
 		}
-		for _, c := range s.funcs {
-			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
-			_ = c.Wait()
+		for _, f := range s.funcs {
+			f.kill()
 		}
 		if s.Adapter != nil {
 			_ = s.Adapter.Close()
+		}
+		for _, p := range []*faults.Proxy{s.KubeProxy, s.GCSProxy} {
+			if p != nil {
+				p.Close()
+			}
 		}
 		var errs []error
 		if s.Sim != nil {

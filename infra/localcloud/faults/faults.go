@@ -1,0 +1,249 @@
+// Package faults puts a recording, fault-injecting HTTP proxy between the
+// functions of the local cloud and a service they call: the Kubernetes API
+// server or Cloud Storage (fake-gcs-server).
+//
+// Each client (one function) gets its own door, a listener on 127.0.0.1, so
+// every request is known by the client that sent it. The proxy forwards each
+// request to the service unchanged and records it; on demand it
+//
+//   - answers a share of writes with 409 Conflict instead of forwarding them,
+//     with the Status body the API server itself sends for a write that lost
+//     a race (SetConflictShare);
+//   - goes down: every door stops listening and every open connection is cut,
+//     so clients get "connection refused" as from a stopped server, until Up
+//     reopens the doors on the same addresses (Down, Up);
+//   - calls a hook after the service answered a request and before the
+//     client gets the answer, where a test kills the client's process: the
+//     write took effect, and the process dies mid-handler (SetHook).
+//
+// It stands for faults of the network and of the services as seen by the
+// functions; the services themselves, and everything else that talks to them
+// directly (KubeRay's reconcilers, the simulators), keep running.
+package faults
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Request is one request a client sent through the proxy.
+type Request struct {
+	Client string
+	Method string
+	Path   string // with the query: a Cloud Storage upload names its object there
+	Status int    // the answer's status code; 0 when the service gave none
+	Write  bool   // any method but GET, HEAD and OPTIONS
+	// Injected says the proxy answered (a 409) without forwarding.
+	Injected bool
+	At       time.Time
+}
+
+// Proxy is a recording, fault-injecting reverse proxy to one service.
+type Proxy struct {
+	name     string
+	upstream *url.URL
+	rp       *httputil.ReverseProxy
+
+	mu       sync.Mutex
+	doors    map[string]*door
+	down     bool
+	share    float64
+	rng      *rand.Rand
+	hook     func(Request)
+	requests []Request
+}
+
+type door struct {
+	addr string
+	l    net.Listener
+	srv  *http.Server
+}
+
+// New returns a proxy named name (used in messages) to the service at
+// upstream, reached through rt (nil: http.DefaultTransport).
+func New(name, upstream string, rt http.RoundTripper) (*Proxy, error) {
+	u, err := url.Parse(upstream)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("faults: upstream %q is not a URL", upstream)
+	}
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	p := &Proxy{name: name, upstream: u, doors: map[string]*door{}, rng: rand.New(rand.NewPCG(1, 2))}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(u)
+			r.Out.Host = u.Host
+		},
+		Transport:     rt,
+		FlushInterval: -1, // watches and streamed bodies pass through at once
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			http.Error(w, p.name+" unreachable: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	return p, nil
+}
+
+// Door opens the client's door and returns its address, 127.0.0.1:port.
+func (p *Proxy) Door(client string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if d, ok := p.doors[client]; ok {
+		return d.addr, nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	d := &door{addr: l.Addr().String()}
+	p.doors[client] = d
+	p.serve(client, d, l)
+	return d.addr, nil
+}
+
+func (p *Proxy) serve(client string, d *door, l net.Listener) {
+	d.l = l
+	d.srv = &http.Server{Handler: p.handler(client), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = d.srv.Serve(l) }()
+}
+
+// SetConflictShare makes the proxy answer that share (0..1) of writes with
+// 409 Conflict instead of forwarding them; 0 stops it.
+func (p *Proxy) SetConflictShare(share float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.share = share
+}
+
+// SetHook sets the function called after each answered request, before the
+// client gets the answer; nil removes it. It runs on the request's goroutine.
+func (p *Proxy) SetHook(f func(Request)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hook = f
+}
+
+// Down closes every door and cuts every open connection.
+func (p *Proxy) Down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, d := range p.doors {
+		_ = d.l.Close() // Serve may not have taken it yet
+		_ = d.srv.Close()
+	}
+}
+
+// Up reopens every door on its address.
+func (p *Proxy) Up() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.down {
+		return nil
+	}
+	var errs []error
+	for client, d := range p.doors {
+		var l net.Listener
+		var err error
+		for range 50 { // the port may take a moment to be free again
+			if l, err = net.Listen("tcp", d.addr); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reopen %s door of %s: %w", p.name, client, err))
+			continue
+		}
+		p.serve(client, d, l)
+	}
+	p.down = false
+	return errors.Join(errs...)
+}
+
+// Close closes every door for good.
+func (p *Proxy) Close() {
+	p.Down()
+}
+
+// Requests returns the requests recorded since the last Reset.
+func (p *Proxy) Requests() []Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Request(nil), p.requests...)
+}
+
+// Reset forgets the recorded requests.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requests = nil
+}
+
+func isWrite(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return false
+	}
+	return true
+}
+
+func (p *Proxy) handler(client string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req := Request{Client: client, Method: r.Method, Path: r.URL.RequestURI(), Write: isWrite(r.Method), At: time.Now()}
+		p.mu.Lock()
+		inject := req.Write && p.share > 0 && p.rng.Float64() < p.share
+		p.mu.Unlock()
+		if inject {
+			req.Status, req.Injected = http.StatusConflict, true
+			p.record(req)
+			writeConflict(w, r)
+			return
+		}
+		// The hook runs once the service answered, before the answer is
+		// written back: ModifyResponse is the last point with both.
+		rp := *p.rp
+		rp.ModifyResponse = func(resp *http.Response) error {
+			req.Status = resp.StatusCode
+			p.record(req)
+			p.mu.Lock()
+			hook := p.hook
+			p.mu.Unlock()
+			if hook != nil {
+				hook(req)
+			}
+			return nil
+		}
+		rp.ServeHTTP(w, r)
+		if req.Status == 0 {
+			p.record(req) // the service gave no answer
+		}
+	})
+}
+
+func (p *Proxy) record(r Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requests = append(p.requests, r)
+}
+
+// writeConflict answers as the API server does when a write loses a race.
+func writeConflict(w http.ResponseWriter, r *http.Request) {
+	resource := r.URL.Path
+	if i := strings.LastIndex(resource, "/"); i >= 0 {
+		resource = resource[i+1:]
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusConflict)
+	_, _ = fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",`+
+		`"message":"Operation cannot be fulfilled on %s: the object has been modified; please apply your changes to the latest version and try again",`+
+		`"reason":"Conflict","details":{"name":%q},"code":409}`, r.URL.Path, resource)
+}

@@ -1,0 +1,418 @@
+package proof_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+
+	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// deliveries keeps what the Eventarc adapter did, by route and event ID
+// and by route and subject.
+var deliveries = struct {
+	sync.Mutex
+	by map[string][]eventarc.Delivery
+}{by: map[string][]eventarc.Delivery{}}
+
+func observe(d eventarc.Delivery) {
+	deliveries.Lock()
+	defer deliveries.Unlock()
+	deliveries.by[d.Route+"|id|"+d.Event.ID()] = append(deliveries.by[d.Route+"|id|"+d.Event.ID()], d)
+	if s := d.Event.Subject(); s != "" {
+		deliveries.by[d.Route+"|subject|"+s] = append(deliveries.by[d.Route+"|subject|"+s], d)
+	}
+}
+
+// deliveredOnce waits for the route's first delivery under key, lets
+// redeliveries come for settle, and returns a problem unless there was
+// exactly one, answered 2xx: no retry storm.
+func deliveredOnce(route, key string, settle time.Duration) string {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		deliveries.Lock()
+		n := len(deliveries.by[route+"|"+key])
+		deliveries.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("no delivery on %s for %s within 30 s", route, key)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(settle)
+	deliveries.Lock()
+	got := slices.Clone(deliveries.by[route+"|"+key])
+	deliveries.Unlock()
+	var codes []int
+	for _, d := range got {
+		codes = append(codes, d.Code)
+	}
+	if len(got) != 1 || got[0].Outcome != eventarc.Delivered || got[0].Code < 200 || got[0].Code > 299 {
+		return fmt.Sprintf("%s on %s: %d deliveries answered %v, want one answered 2xx", key, route, len(got), codes)
+	}
+	return ""
+}
+
+// badCase is one kind of bad input from testdata/badinput/cases.json.
+type badCase struct {
+	Name       string            `json:"name"`
+	Via        string            `json:"via"` // object, request, step or direct
+	Object     string            `json:"object"`
+	Topic      string            `json:"topic"`
+	Function   string            `json:"function"`
+	CEType     string            `json:"ceType"`
+	CESource   string            `json:"ceSource"`
+	Data       string            `json:"data"` // @valid, @10MB, @9.9MB or literal
+	Attributes map[string]string `json:"attributes"`
+	Expect     string            `json:"expect"` // rejected, ignored, refused (4xx) or unpublishable
+	Problem    string            `json:"problem"`
+}
+
+func (c badCase) data(t *testing.T) []byte {
+	switch c.Data {
+	case "@valid":
+		return spec(t, "never-runs", nil)
+	case "@10MB":
+		return padded(10 << 20)
+	case "@9.9MB":
+		return padded(9_900_000)
+	}
+	return []byte(c.Data)
+}
+
+// padded is a spec of n bytes, its name field padded out.
+func padded(n int) []byte {
+	head, tail := `{"apiVersion": "raydrop.dev/v1", "name": "`, `"}`
+	return []byte(head + strings.Repeat("a", n-len(head)-len(tail)) + tail)
+}
+
+// stepRoute is the route that delivers a stage topic's messages.
+var stepRoute = map[string]string{
+	stack.Topics.Provisioned: "submit", stack.Topics.Submitted: "monitor-submitted",
+	stack.Topics.Finished: "finalize", stack.Topics.Ticks: "monitor-ticks",
+}
+
+// testBadInput puts every kind of bad input through the deployed path: the
+// bad specs of pkg/spec's testdata as objects and as requests, the delivery
+// cases of testdata/badinput, and shell syntax in every string field of the
+// spec. Each is rejected with its precise problems or ignored, delivered
+// once and answered 2xx (never retried), and starts nothing.
+func testBadInput(t *testing.T) {
+	t.Parallel()
+	var wg sync.WaitGroup
+	files, err := filepath.Glob("../../../pkg/spec/testdata/bad/*.json")
+	if err != nil || len(files) < 30 {
+		t.Fatalf("bad specs: %d, %v", len(files), err)
+	}
+	for _, f := range files {
+		wg.Go(func() { badSpec(t, f) })
+	}
+	b, err := os.ReadFile("testdata/badinput/cases.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []badCase
+	if err := json.Unmarshal(b, &cases); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		wg.Go(func() { badDelivery(t, c) })
+	}
+	wg.Go(func() { shellInEveryField(t) })
+	wg.Wait()
+}
+
+// badSpec uploads one bad spec and publishes it as a request: both runs end
+// REJECTED with exactly the problems pkg/spec's golden file lists.
+func badSpec(t *testing.T, file string) {
+	base := strings.TrimSuffix(filepath.Base(file), ".json")
+	scenario := "bad input: specs (pkg/spec testdata)"
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden, err := os.ReadFile(strings.TrimSuffix(file, ".json") + ".errors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.TrimSpace(string(golden))
+	ctx := context.Background()
+	name := "bad-" + base
+	runID := upload(t, name, data, "")
+	check := func(runID, route, key, via string) {
+		var problems []string
+		rec, err := probe.WaitPhase(ctx, st, runID, 60*time.Second, runs.Rejected)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s (%s): %v", base, via, err))
+		} else {
+			var got []string
+			for _, p := range rec.Problems {
+				got = append(got, p.String())
+			}
+			if g := strings.Join(got, "\n"); g != want {
+				problems = append(problems, fmt.Sprintf("%s (%s): problems\n%s\nwant\n%s", base, via, g, want))
+			}
+		}
+		if p := deliveredOnce(route, key, 3*time.Second); p != "" {
+			problems = append(problems, base+": "+p)
+		}
+		seen := evs.Of(runID)
+		if probe.Count(seen, "rejected") != 1 || len(seen) != 1 {
+			problems = append(problems, fmt.Sprintf("%s (%s): events %d, want one rejected", base, via, len(seen)))
+		}
+		if n := len(jobs.Of(runID)); n != 0 {
+			problems = append(problems, fmt.Sprintf("%s (%s): %d RayJobs", base, via, n))
+		}
+		own(runID, scenario)
+		report.Add(scenario, 0, 0, problems...)
+		for _, p := range problems {
+			t.Error(p)
+		}
+	}
+	check(runID, "provision-intake", "subject|objects/jobs/"+name+".json", "object")
+	if bytes.Contains(data, []byte(`"runId"`)) {
+		return // the request's run ID would be the spec's
+	}
+	// Pub/Sub refuses a message with neither data nor attributes.
+	msgID := requestWith(t, data, map[string]string{"origin": "raydrop-proof"})
+	check(runIDOf(msgID), "provision-requests", "id|"+msgID, "request")
+}
+
+// badDelivery runs one case of testdata/badinput.
+func badDelivery(t *testing.T, c badCase) {
+	scenario := "bad input: deliveries (testdata/badinput)"
+	ctx := context.Background()
+	var problems []string
+	fail := func(format string, args ...any) {
+		problems = append(problems, c.Name+": "+fmt.Sprintf(format, args...))
+	}
+	data := c.data(t)
+	runID, route, key := "", "", ""
+	switch c.Via {
+	case "object":
+		object := strings.Replace(c.Object, "@long", strings.Repeat("long-", 180), 1)
+		w := st.GCS.Bucket(stack.IntakeBucket).Object(object).NewWriter(ctx)
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatalf("%s: upload: %v", c.Name, err)
+		}
+		runID = names.RunIDFromObject(stack.IntakeBucket, object, w.Attrs().Generation)
+		route, key = "provision-intake", "subject|objects/"+object
+	case "request", "step":
+		topic := c.Topic
+		route = stepRoute[topic]
+		if c.Via == "request" {
+			topic, route = stack.Topics.Requests, "provision-requests"
+		}
+		pub := st.PS.Publisher(topic)
+		msgID, err := pub.Publish(ctx, &pubsub.Message{Data: data, Attributes: c.Attributes}).Get(ctx)
+		pub.Stop()
+		if c.Expect == "unpublishable" {
+			// Pub/Sub itself refuses it: nothing reaches a function.
+			if err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
+				fail("published (%v), want Pub/Sub to refuse it", err)
+			}
+			route = ""
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s: publish: %v", c.Name, err)
+		}
+		runID, key = runIDOf(msgID), "id|"+msgID
+	case "direct":
+		code, err := postEvent(c, data)
+		switch {
+		case err != nil:
+			fail("post: %v", err)
+		case c.Expect == "refused" && (code < 400 || code > 499):
+			fail("answered %d, want 4xx", code)
+		case c.Expect == "ignored" && (code < 200 || code > 299):
+			fail("answered %d, want 2xx (acknowledged, not retried)", code)
+		}
+	default:
+		t.Fatalf("%s: unknown via %q", c.Name, c.Via)
+	}
+	if route != "" {
+		if p := deliveredOnce(route, key, 3*time.Second); p != "" {
+			fail("%s", p)
+		}
+	}
+	own(runID, scenario)
+	switch c.Expect {
+	case "rejected":
+		rec, err := probe.WaitPhase(ctx, st, runID, 60*time.Second, runs.Rejected)
+		if err != nil {
+			fail("%v", err)
+			break
+		}
+		found := false
+		for _, p := range rec.Problems {
+			found = found || strings.Contains(p.String(), c.Problem)
+		}
+		if !found {
+			fail("problems %v do not say %q", rec.Problems, c.Problem)
+		}
+		if n := probe.Count(evs.Of(runID), "rejected"); n != 1 {
+			fail("%d rejected events", n)
+		}
+	case "ignored", "refused":
+		if runID != "" && c.Object != "runs/forged/status.json" {
+			if _, err := probe.Runs(st).Get(ctx, runID); !errors.Is(err, runs.ErrNotFound) {
+				fail("a run record exists for ignored input (err %v)", err)
+			}
+		}
+	}
+	if runID != "" && len(jobs.Of(runID)) != 0 {
+		fail("a RayJob was created")
+	}
+	report.Add(scenario, 0, 0, problems...)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// postEvent posts a CloudEvent (or, without a type, a plain JSON body)
+// straight to a function, as a misconfigured trigger would.
+func postEvent(c badCase, data []byte) (int, error) {
+	req, err := http.NewRequest(http.MethodPost, st.URL(c.Function), bytes.NewReader(data))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.CEType != "" {
+		req.Header.Set("ce-specversion", "1.0")
+		req.Header.Set("ce-id", "proof-"+strings.ReplaceAll(c.Name, " ", "-"))
+		req.Header.Set("ce-type", c.CEType)
+		req.Header.Set("ce-source", c.CESource)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// canary is a file any shell that ran an injected command would create.
+var canary = filepath.Join(os.TempDir(), "raydrop-proof-canary")
+
+// shellPayloads are the injections tried in every string field.
+var shellPayloads = []string{"$(touch " + canary + ")", "`touch " + canary + "`", "x'; touch " + canary + "; echo '"}
+
+// shellInEveryField sets each string field of the spec, one at a time, to
+// each payload: the run is rejected naming that field, or, where the field
+// takes any text, runs with it (its entrypoint goes to the shell check).
+func shellInEveryField(t *testing.T) {
+	scenario := "bad input: shell syntax in every string field"
+	fields := stringFields(t)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for f, field := range fields {
+		for i, payload := range shellPayloads {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				var m map[string]any
+				if err := json.Unmarshal(spec(t, fmt.Sprintf("shell-%d-%d", f, i), nil), &m); err != nil {
+					t.Error(err)
+					return
+				}
+				setPath(m, field, payload)
+				data, _ := json.Marshal(m)
+				name := fmt.Sprintf("shell-%s-%d", strings.NewReplacer(".", "-", "$", "").Replace(field), i)
+				runID := upload(t, name, data, "")
+				own(runID, scenario)
+				rec, err := probe.WaitPhase(context.Background(), st, runID, 120*time.Second, probe.Ended...)
+				var problems []string
+				switch {
+				case err != nil:
+					problems = append(problems, err.Error())
+				case rec.Phase == runs.Rejected:
+					named := false
+					for _, p := range rec.Problems {
+						named = named || p.Path == field
+					}
+					if !named {
+						problems = append(problems, fmt.Sprintf("%s=%q rejected without naming the field: %v", field, payload, rec.Problems))
+					}
+				case rec.Phase != runs.Succeeded:
+					problems = append(problems, fmt.Sprintf("%s=%q: run ended %s (%s)", field, payload, rec.Phase, rec.Reason))
+				default:
+					report.Note(scenario, fmt.Sprintf("%s takes any text: %q ran, its entrypoint is checked by the shell test", field, payload))
+				}
+				report.Add(scenario, 0, 0, problems...)
+				for _, p := range problems {
+					t.Error(p)
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// stringFields lists the dotted paths of every string field in the job
+// spec's JSON Schema.
+func stringFields(t *testing.T) []string {
+	b, err := os.ReadFile("../../../schemas/jobspec.v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema map[string]any
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var walk func(node map[string]any, path string)
+	walk = func(node map[string]any, path string) {
+		switch node["type"] {
+		case "object":
+			props, _ := node["properties"].(map[string]any)
+			for k, v := range props {
+				if sub, ok := v.(map[string]any); ok {
+					walk(sub, strings.TrimPrefix(path+"."+k, "."))
+				}
+			}
+		case "string":
+			out = append(out, path)
+		}
+	}
+	walk(schema, "")
+	slices.Sort(out)
+	if len(out) < 20 {
+		t.Fatalf("only %d string fields found in the schema", len(out))
+	}
+	return out
+}
+
+func setPath(m map[string]any, path string, v any) {
+	parts := strings.Split(path, ".")
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := m[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			m[p] = next
+		}
+		m = next
+	}
+	m[parts[len(parts)-1]] = v
+}
