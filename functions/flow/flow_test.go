@@ -80,7 +80,7 @@ func newWorld(t *testing.T) *world {
 	b := w.gcs.Bucket(intake)
 	w.deps = &pipeline.Deps{
 		Config: cfg, Runs: &runs.Store{Bucket: b, Now: clock}, Objects: &pipeline.GCS{Client: w.gcs},
-		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset(),
+		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock,
 	}
 	if testing.Verbose() {

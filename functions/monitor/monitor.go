@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -31,6 +33,9 @@ const (
 	staleStep = time.Minute
 	lostJob   = 2 * time.Minute
 )
+
+// sweepWorkers is how many runs a sweep checks at once.
+const sweepWorkers = 32
 
 // Handler handles submitted messages, ticks and completion marks.
 type Handler struct{ *pipeline.Deps }
@@ -233,6 +238,11 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, store checkpoi
 			p.TotalSteps = int64(max)
 		}
 	}
+	if rec.Phase == runs.Running && (p == nil || rec.Progress != nil && rec.Progress.Step == p.Step && rec.Progress.Epoch == p.Epoch) {
+		// Nothing new since the record was read: no second read, no write.
+		_, err := h.Announce(ctx, rec, "running")
+		return err
+	}
 	attempt := rec.Attempt
 	rec, err := h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		if r.Attempt != attempt || (r.Phase != runs.Submitted && r.Phase != runs.Running) {
@@ -334,19 +344,32 @@ func (h *Handler) Sweep(ctx context.Context) error {
 		jobs[j.Name] = j
 	}
 	busy := map[string]bool{}
-	var errs []error
-	checked := 0
+	var active []string
 	for _, s := range sums {
-		if !s.Phase.Active() {
-			continue
-		}
-		busy[s.Cluster] = true
-		checked++
-		if err := h.check(ctx, s.RunID, jobs); err != nil {
-			h.Log.Warn("sweep_check_failed", "run_id", s.RunID, "error", err.Error())
-			errs = append(errs, err)
+		if s.Phase.Active() {
+			busy[s.Cluster] = true
+			active = append(active, s.RunID)
 		}
 	}
+	// Each check is a few Cloud Storage reads: run them side by side, or a
+	// thousand active runs would take minutes at cloud latencies.
+	var mu sync.Mutex
+	var errs []error
+	g := errgroup.Group{}
+	g.SetLimit(sweepWorkers)
+	for _, runID := range active {
+		g.Go(func() error {
+			if err := h.check(ctx, runID, jobs); err != nil {
+				h.Log.Warn("sweep_check_failed", "run_id", runID, "error", err.Error())
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // the checks report through errs
+	checked := len(active)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {
 		errs = append(errs, err)

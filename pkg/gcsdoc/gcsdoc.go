@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"time"
 
 	"cloud.google.com/go/storage"
 	"google.golang.org/api/googleapi"
@@ -27,7 +29,26 @@ var (
 const (
 	maxDoc = 4 << 20
 	tries  = 16
+	// After a lost race an update waits a random time up to a doubling
+	// bound (full jitter), so many writers of one document (a burst of
+	// runs queueing on one cluster's lease) take turns instead of all
+	// retrying at once and all losing again.
+	firstBackoff = 5 * time.Millisecond
+	maxBackoff   = 250 * time.Millisecond
 )
+
+// backoff waits before try i+1 (i from 0), or until ctx ends.
+func backoff(ctx context.Context, i int) error {
+	bound := min(firstBackoff<<i, maxBackoff)
+	t := time.NewTimer(rand.N(bound) + time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Read decodes the document into v and returns its generation.
 func Read(ctx context.Context, obj *storage.ObjectHandle, v any) (int64, error) {
@@ -80,7 +101,12 @@ func IsPrecondition(err error) bool {
 // and writes it back only if nobody changed it meanwhile, retrying on a lost
 // race. fn may run several times. meta gives the custom metadata to store.
 func Update[T any](ctx context.Context, obj *storage.ObjectHandle, fn func(doc *T, exists bool) error, meta func(*T) map[string]string) (*T, error) {
-	for range tries {
+	for i := range tries {
+		if i > 0 {
+			if err := backoff(ctx, i-1); err != nil {
+				return nil, err
+			}
+		}
 		var doc T
 		gen, err := Read(ctx, obj, &doc)
 		exists := err == nil

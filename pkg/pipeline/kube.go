@@ -27,7 +27,7 @@ func kubeErr(what string, err error) error {
 // EnsureConfigMap creates the ConfigMap unless it exists. Its name carries
 // its content hash, so an existing one is the same.
 func (d *Deps) EnsureConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
-	_, err := d.Kube.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+	_, err := d.Kube.ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/events"
@@ -53,9 +53,11 @@ type Deps struct {
 	Publisher Publisher
 	Leases    *Leases
 	Ray       rayclient.Interface
-	Kube      kubernetes.Interface
-	Log       *slog.Logger
-	Now       func() time.Time
+	// Kube is the core API group only (the trainer ConfigMaps): the full
+	// clientset would link and initialise every API group of Kubernetes.
+	Kube corev1client.CoreV1Interface
+	Log  *slog.Logger
+	Now  func() time.Time
 }
 
 // Time is the current time in UTC.

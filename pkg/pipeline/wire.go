@@ -20,7 +20,7 @@ import (
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
 	"google.golang.org/api/iterator"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -55,7 +55,7 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kuberay client: %w", err)
 	}
-	kube, err := kubernetes.NewForConfig(rc)
+	kube, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}

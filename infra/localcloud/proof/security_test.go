@@ -131,15 +131,22 @@ func testSecrets(t *testing.T) {
 	search("intake bucket objects (records, leases, claims)", objs)
 
 	logs := map[string][]byte{}
-	_ = filepath.WalkDir(st.StateDir(), func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || filepath.Base(path) == "functions" {
-			return nil
+	if err := filepath.WalkDir(st.StateDir(), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-		if b, err := os.ReadFile(path); err == nil {
-			logs[strings.TrimPrefix(path, st.StateDir())] = b
+		if d.IsDir() || filepath.Base(path) == "functions" {
+			return nil // the folder itself, and the functions' binary
 		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		logs[strings.TrimPrefix(path, st.StateDir())] = b
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	search("logs and state files", logs)
 
 	objects := map[string][]byte{}

@@ -58,6 +58,12 @@ var Topics = struct{ Requests, Provisioned, Submitted, Ticks, Finished, Events s
 	"raydrop-requests", "raydrop-provisioned", "raydrop-submitted", "raydrop-ticks", "raydrop-finished", "raydrop-events",
 }
 
+// BuildEnv is the build environment of the deployed functions (the build
+// environment variables in infra/gcp/functions.tf): Cloud Storage's
+// documented build tag that leaves out its gRPC client, which the functions
+// do not use.
+var BuildEnv = []string{"GOFLAGS=-tags=disable_grpc_modules"}
+
 // Options configure the stack.
 type Options struct {
 	Repo          string        // repository root (builds cmd/functions from it)
@@ -137,6 +143,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	s.step("building the functions from %s (as the Go buildpack does)", o.Repo)
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/functions")
 	build.Dir = o.Repo
+	build.Env = append(os.Environ(), BuildEnv...)
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build functions: %w\n%s", err, out)
 	}

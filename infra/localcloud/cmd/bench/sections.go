@@ -1,0 +1,464 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
+	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
+	"github.com/raydrop/raydrop/infra/localcloud/faults"
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// footprint starts raydrop's function binary (serving Provision) and the
+// minimal function alternately, trials times each, and measures process
+// start to the first event answered 2xx and the resident memory then. The
+// raydrop function's first event builds its clients, as in the cloud.
+func (b *bench) footprint(trials int) error {
+	dir, err := os.MkdirTemp("", "raydrop-footprint-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	raydrop, minimal := filepath.Join(dir, "functions"), filepath.Join(dir, "minimal")
+	for _, c := range []struct{ out, pkg, dir string }{
+		{raydrop, "./cmd/functions", b.repo},
+		{minimal, "./cmd/minimalfn", filepath.Join(b.repo, "infra/localcloud")},
+	} {
+		// Both built as the deployment builds its functions.
+		cmd := exec.CommandContext(b.ctx, "go", "build", "-o", c.out, c.pkg)
+		cmd.Dir = c.dir
+		cmd.Env = append(os.Environ(), stack.BuildEnv...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %w\n%s", c.pkg, err, out)
+		}
+	}
+	b.st.PauseTicks(true)
+	defer b.st.PauseTicks(false)
+	// An object outside jobs/: Provision reads its configuration, builds
+	// its clients and acknowledges it.
+	event := func(req *http.Request) {
+		req.Header.Set("ce-specversion", "1.0")
+		req.Header.Set("ce-id", "footprint")
+		req.Header.Set("ce-type", "google.cloud.storage.object.v1.finalized")
+		req.Header.Set("ce-source", "//storage.googleapis.com/projects/_/buckets/"+stack.IntakeBucket)
+		req.Header.Set("ce-subject", "objects/bench/footprint.json")
+		req.Header.Set("Content-Type", "application/json")
+	}
+	body := fmt.Sprintf(`{"bucket": %q, "name": "bench/footprint.json", "generation": "1", "size": "2"}`, stack.IntakeBucket)
+	var rStart, mStart, rRSS, mRSS []float64
+	for range trials {
+		d, rss, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s"), event, body)
+		if err != nil {
+			return fmt.Errorf("raydrop function: %w", err)
+		}
+		rStart, rRSS = append(rStart, d), append(rRSS, rss)
+		if d, rss, err = startOnce(b.ctx, minimal, "Minimal", nil, event, body); err != nil {
+			return fmt.Errorf("minimal function: %w", err)
+		}
+		mStart, mRSS = append(mStart, d), append(mRSS, rss)
+	}
+	rs, ms, rm, mm := median(rStart), median(mStart), median(rRSS), median(mRSS)
+	note := fmt.Sprintf("median of %d starts each", trials)
+	b.add("footprint", "raydrop function: start to first event served", rs, "ms", -1, note)
+	b.add("footprint", "minimal function: start to first event served", ms, "ms", -1, note)
+	b.add("footprint", "start-up ratio raydrop/minimal", rs/ms, "x", 1.5, "")
+	b.add("footprint", "raydrop function: resident memory after first event", rm/1024, "MiB", -1, note)
+	b.add("footprint", "minimal function: resident memory after first event", mm/1024, "MiB", -1, note)
+	b.add("footprint", "memory ratio raydrop/minimal", rm/mm, "x", 2, "")
+	for _, bin := range []string{raydrop, minimal} {
+		if fi, err := os.Stat(bin); err == nil {
+			b.add("footprint", filepath.Base(bin)+" binary size", float64(fi.Size())/(1<<20), "MiB", -1, "")
+		}
+	}
+	return nil
+}
+
+// startOnce starts a function binary and returns the milliseconds from the
+// process start to its first 2xx answer and its resident memory (KiB) then.
+func startOnce(ctx context.Context, bin, target string, env []string, event func(*http.Request), body string) (float64, float64, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, 0, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	var out bytes.Buffer
+	cmd := exec.Command(bin)
+	cmd.Env = append(append(os.Environ(), env...), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return 0, 0, err
+	}
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	for time.Since(t0) < 30*time.Second && ctx.Err() == nil {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		event(req)
+		resp, err := client.Do(req)
+		if err != nil {
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return 0, 0, fmt.Errorf("%s answered %d:\n%s", target, resp.StatusCode, out.String())
+		}
+		took := float64(time.Since(t0).Microseconds()) / 1000
+		rss, err := residentKiB(cmd.Process.Pid)
+		return took, rss, err
+	}
+	return 0, 0, fmt.Errorf("%s served nothing within 30 s:\n%s", target, out.String())
+}
+
+// residentKiB reads VmRSS from /proc.
+func residentKiB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc status")
+}
+
+// counter counts the messages published to the pipeline's topics through
+// a pull subscription on each.
+type counter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (b *bench) countTopics(ctx context.Context, tag string) (*counter, error) {
+	c := &counter{counts: map[string]int{}}
+	topics := []string{stack.Topics.Requests, stack.Topics.Provisioned, stack.Topics.Submitted, stack.Topics.Finished, stack.Topics.Events, stack.Topics.Ticks}
+	for _, topic := range topics {
+		sub := "bench-" + tag + "-" + topic
+		if _, err := b.st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+			Name: b.st.PubSub.SubscriptionName(sub), Topic: b.st.PubSub.TopicName(topic), AckDeadlineSeconds: 30,
+		}); err != nil {
+			return nil, err
+		}
+		go func() {
+			_ = b.st.PS.Subscriber(sub).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+				m.Ack()
+				c.mu.Lock()
+				c.counts[topic]++
+				c.mu.Unlock()
+			})
+		}()
+	}
+	return c, nil
+}
+
+func (c *counter) get(topic string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[topic]
+}
+
+// cost counts what one successful run asks of the services: first on a new
+// cluster, then on the same cluster again. The scheduler is paused, so only
+// the run's own events count.
+func (b *bench) cost() error {
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	b.st.PauseTicks(true)
+	defer b.st.PauseTicks(false)
+	time.Sleep(time.Second) // a tick in flight ends
+	for i, label := range []string{"new cluster", "existing cluster"} {
+		c, err := b.countTopics(ctx, fmt.Sprintf("cost%d", i))
+		if err != nil {
+			return err
+		}
+		b.st.KubeProxy.Reset()
+		b.st.GCSProxy.Reset()
+		before := b.st.Adapter.Stats()
+		data, err := probe.Spec(b.spec, "bench-cost", output, nil)
+		if err != nil {
+			return err
+		}
+		runID, err := probe.Upload(ctx, b.st, fmt.Sprintf("cost-%d", i), data, "steps=2,step=200ms")
+		if err != nil {
+			return err
+		}
+		if _, err := b.evs.WaitTerminal(runID, 120*time.Second, 3*time.Second); err != nil {
+			return err
+		}
+		kube, gcs := b.st.KubeProxy.Requests(), b.st.GCSProxy.Requests()
+		publishes := 0
+		for _, t := range []string{stack.Topics.Provisioned, stack.Topics.Submitted, stack.Topics.Finished, stack.Topics.Events} {
+			publishes += c.get(t)
+		}
+		after := b.st.Adapter.Stats()
+		invocations, byRoute := 0, []string{}
+		for route, st := range after {
+			if d := st.Deliveries - before[route].Deliveries; d > 0 {
+				invocations += d
+				byRoute = append(byRoute, fmt.Sprintf("%s %d", route, d))
+			}
+		}
+		slices.Sort(byRoute)
+		section := "cost"
+		b.add(section, "function invocations per run, "+label, float64(invocations), "events", -1, strings.Join(byRoute, ", "))
+		b.add(section, "Kubernetes API requests per run, "+label, float64(len(kube)), "requests", -1, byFunction(kube))
+		b.add(section, "Cloud Storage operations per run, "+label, float64(len(gcs)), "ops", -1, byFunction(gcs))
+		b.add(section, "Pub/Sub publishes per run, "+label, float64(publishes), "messages", -1,
+			fmt.Sprintf("provisioned %d, submitted %d, finished %d, events %d", c.get(stack.Topics.Provisioned), c.get(stack.Topics.Submitted), c.get(stack.Topics.Finished), c.get(stack.Topics.Events)))
+	}
+	return nil
+}
+
+// byFunction summarises requests by function and verb.
+func byFunction(reqs []faults.Request) string {
+	counts := map[string]int{}
+	for _, r := range reqs {
+		verb := "read"
+		if r.Write {
+			verb = "write"
+		}
+		counts[r.Client+" "+verb]++
+	}
+	var parts []string
+	for k, n := range counts {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+// latency runs n runs, lanes at a time, each lane one run after another on
+// its own cluster, and measures upload → RayJob created and Ray job end →
+// terminal event.
+func (b *bench) latency(n, lanes int) error {
+	var mu sync.Mutex
+	var toJob, toEvent []float64
+	var errs []error
+	var wg sync.WaitGroup
+	for lane := range lanes {
+		wg.Go(func() {
+			for i := lane; i < n; i += lanes {
+				created, ended, err := b.oneRun(fmt.Sprintf("lat-%d", i), fmt.Sprintf("bench-lat-%d", lane))
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					toJob, toEvent = append(toJob, created), append(toEvent, ended)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	note := fmt.Sprintf("%d runs, %d clusters, one run at a time on each", n, lanes)
+	b.add("latency", "upload → RayJob created, p50", percentile(toJob, 50), "s", 1, note)
+	b.add("latency", "upload → RayJob created, p95", percentile(toJob, 95), "s", -1, note)
+	b.add("latency", "upload → RayJob created, p99", percentile(toJob, 99), "s", 3, note)
+	b.add("latency", "Ray job end → terminal event, p50", percentile(toEvent, 50), "s", 5, note)
+	b.add("latency", "Ray job end → terminal event, p95", percentile(toEvent, 95), "s", -1, note)
+	b.add("latency", "Ray job end → terminal event, p99", percentile(toEvent, 99), "s", -1, note)
+	return nil
+}
+
+// oneRun uploads one spec and returns the seconds from the upload to the
+// RayJob's creation and from the Ray job's end to the terminal event.
+func (b *bench) oneRun(name, cluster string) (float64, float64, error) {
+	data, err := probe.Spec(b.spec, cluster, output, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	runID, err := probe.Upload(b.ctx, b.st, name, data, "steps=2,step=200ms")
+	uploaded := time.Now()
+	if err != nil {
+		return 0, 0, err
+	}
+	evs, err := b.evs.WaitTerminal(runID, 180*time.Second, 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	term := probe.Terminal(evs)
+	if term.Phase != "succeeded" {
+		return 0, 0, fmt.Errorf("run %s ended %s: %s", runID, term.Phase, term.Reason)
+	}
+	created := b.jobs.Of(runID)
+	if len(created) != 1 {
+		return 0, 0, fmt.Errorf("run %s: %d RayJobs", runID, len(created))
+	}
+	var ended time.Time
+	for _, r := range b.st.Sim.Played() {
+		if r.RayJob == "default/"+names.RayJob(runID, 1) {
+			ended = r.Ended
+		}
+	}
+	if ended.IsZero() {
+		return 0, 0, fmt.Errorf("run %s: the simulator has no end time for its Ray job", runID)
+	}
+	return created[0].At.Sub(uploaded).Seconds(), term.At.Sub(ended).Seconds(), nil
+}
+
+// throughput uploads n specs at once over clusters clusters and measures the
+// time until every run is admitted (QUEUED, or holding its cluster), then
+// counts duplicates (a second accepted event or RayJob) and losses (runs
+// not admitted within 5 minutes).
+func (b *bench) throughput(n, clusters int) error {
+	ctx := b.ctx
+	ids := make([]string, n)
+	// What Eventarc delivered to Provision meanwhile: how many at once, and
+	// how long Provision took with each.
+	var spans []span
+	var spanMu sync.Mutex
+	b.st.Adapter.Observe(func(d eventarc.Delivery) {
+		if d.Route == "provision-intake" && d.Outcome == eventarc.Delivered {
+			spanMu.Lock()
+			spans = append(spans, span{d.Start, d.Start.Add(d.Took)})
+			spanMu.Unlock()
+		}
+	})
+	defer b.st.Adapter.Observe(nil)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	var uploadErr error
+	var mu sync.Mutex
+	t0 := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			data, err := probe.Spec(b.spec, fmt.Sprintf("bench-tp-%d", i%clusters), output, nil)
+			if err == nil {
+				ids[i], err = probe.Upload(ctx, b.st, fmt.Sprintf("burst-%03d", i), data, "steps=2,step=200ms")
+			}
+			if err != nil {
+				mu.Lock()
+				uploadErr = err
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if uploadErr != nil {
+		return uploadErr
+	}
+	uploaded := time.Since(t0)
+	store := probe.Runs(b.st)
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var admittedAt time.Duration
+	admitted := 0
+	for time.Since(t0) < 5*time.Minute {
+		sums, err := store.List(ctx)
+		if err != nil {
+			return err
+		}
+		admitted = 0
+		for _, s := range sums {
+			if want[s.RunID] && s.Phase != runs.Accepted && s.Phase != runs.Rejected {
+				admitted++
+			}
+		}
+		if admitted == n {
+			admittedAt = time.Since(t0)
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	dups := 0
+	for _, id := range ids {
+		if k := probe.Count(b.evs.Of(id), "accepted"); k > 1 {
+			dups += k - 1
+		}
+		if k := len(b.jobs.Of(id)); k > 1 {
+			dups += k - 1
+		}
+	}
+	spanMu.Lock()
+	inFlight, meanTook := overlap(spans)
+	delivered := len(spans)
+	spanMu.Unlock()
+	note := fmt.Sprintf("%d specs over %d clusters, uploaded in %.1f s by 32 uploaders; Eventarc delivered %d intake events to Provision, at most %d at once, %.0f ms each on average",
+		n, clusters, uploaded.Seconds(), delivered, inFlight, meanTook)
+	if admittedAt == 0 {
+		b.add("throughput", "time until every run is admitted", time.Since(t0).Seconds(), "s", 60, fmt.Sprintf("%s; only %d admitted", note, admitted))
+	} else {
+		b.add("throughput", "time until every run is admitted", admittedAt.Seconds(), "s", 60, note)
+	}
+	b.add("throughput", "duplicates (second accepted event or RayJob)", float64(dups), "", 0, "")
+	b.add("throughput", "losses (runs not admitted when measuring stopped)", float64(n-admitted), "", 0, "")
+	return nil
+}
+
+type span struct{ start, end time.Time }
+
+// overlap is the most spans open at one time and their mean length (ms).
+func overlap(spans []span) (int, float64) {
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	total := 0.0
+	for _, s := range spans {
+		edges = append(edges, edge{s.start, 1}, edge{s.end, -1})
+		total += float64(s.end.Sub(s.start).Microseconds()) / 1000
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // an end before a start at the same instant
+	})
+	open, most := 0, 0
+	for _, e := range edges {
+		open += e.delta
+		most = max(most, open)
+	}
+	if len(spans) == 0 {
+		return 0, 0
+	}
+	return most, total / float64(len(spans))
+}
+
+func median(v []float64) float64 { return percentile(v, 50) }
+
+// percentile is the nearest-rank percentile.
+func percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	rank := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(rank, 0), len(s)-1)]
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/storage"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+	"google.golang.org/api/option"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/raydrop/raydrop/functions/monitor"
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// multiKueue is the RayJob managedBy value that makes KubeRay's operator
+// leave a RayJob alone (another controller, MultiKueue, runs it).
+const multiKueue = "kueue.x-k8s.io/multikueue"
+
+// sweep measures the Monitor's sweep over n active runs. The runs live in a
+// bucket of their own, each RUNNING with its record and its RayJob, both
+// as the pipeline writes them; the RayJobs carry managedBy: MultiKueue so
+// the local cloud's KubeRay leaves them (and their status, set to RUNNING)
+// alone, as no cluster stands behind them. The sweep itself is the
+// Monitor's own code with the production clients, through counting
+// transports.
+func (b *bench) sweep(n int) error {
+	ctx := b.ctx
+	const bucket = "raydrop-sweep-bench"
+	if err := b.st.GCS.Bucket(bucket).Create(ctx, stack.Project, nil); err != nil {
+		return err
+	}
+	door, err := b.st.GCSProxy.Door("sweep-bench")
+	if err != nil {
+		return err
+	}
+	gcs, err := storage.NewClient(ctx, option.WithEndpoint("http://"+door+"/storage/v1/"), option.WithoutAuthentication())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = gcs.Close() }()
+	var kubeReqs atomic.Int64
+	cfg := rest.CopyConfig(b.st.Sim.Config)
+	cfg.QPS, cfg.Burst = 500, 1000
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(r *http.Request) (*http.Response, error) {
+			kubeReqs.Add(1)
+			return rt.RoundTrip(r)
+		})
+	}
+	ray, err := rayclient.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	kube, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	cfgEnv := map[string]string{"RAYDROP_PROJECT": stack.Project, "RAYDROP_INTAKE_BUCKET": bucket, "RAYDROP_KUBECONFIG": b.st.Kubeconfig}
+	conf, err := pipeline.LoadConfig(func(k string) string { return cfgEnv[k] })
+	if err != nil {
+		return err
+	}
+	store := &runs.Store{Bucket: gcs.Bucket(bucket)}
+	deps := &pipeline.Deps{
+		Config: conf, Runs: store, Objects: &pipeline.GCS{Client: gcs}, Publisher: &pipeline.PubSub{Client: b.st.PS},
+		Leases: &pipeline.Leases{Bucket: gcs.Bucket(bucket)}, Ray: ray, Kube: kube,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	data, err := probe.Spec(b.spec, "sweep", output, nil)
+	if err != nil {
+		return err
+	}
+	base, err := spec.Parse(data)
+	if err != nil {
+		return err
+	}
+
+	fmt.Fprintf(os.Stderr, "bench: seeding %d RUNNING runs (records and RayJobs)\n", n)
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := seedRun(b, ray, store, base, i); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: seeded in %.1f s\n", time.Since(t0).Seconds())
+
+	h := &monitor.Handler{Deps: deps}
+	var times []float64
+	var kubeCounts, gcsCounts []float64
+	for range 3 {
+		kubeReqs.Store(0)
+		b.st.GCSProxy.Reset()
+		t := time.Now()
+		if err := h.Sweep(ctx); err != nil {
+			return err
+		}
+		times = append(times, time.Since(t).Seconds())
+		kubeCounts = append(kubeCounts, float64(kubeReqs.Load()))
+		ops := 0
+		for _, r := range b.st.GCSProxy.Requests() {
+			if r.Client == "sweep-bench" {
+				ops++
+			}
+		}
+		gcsCounts = append(gcsCounts, float64(ops))
+	}
+	note := fmt.Sprintf("%d RUNNING runs; median of 3 sweeps (%s s, %s s, %s s)", n, trim(times[0]), trim(times[1]), trim(times[2]))
+	b.add("sweep", "sweep time", median(times), "s", 2, note)
+	b.add("sweep", "Kubernetes requests per sweep", median(kubeCounts), "requests", 3, note)
+	b.add("sweep", "Cloud Storage operations per sweep", median(gcsCounts), "ops", -1, note)
+
+	// Leave nothing behind for the sections after.
+	_ = ray.RayV1().RayJobs("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "raydrop.dev/bench=sweep"})
+	return nil
+}
+
+// seedRun writes run i: its RayJob (RUNNING) and its record (RUNNING,
+// running already announced).
+func seedRun(b *bench, ray rayclient.Interface, store *runs.Store, base *spec.JobSpec, i int) error {
+	ctx := b.ctx
+	s := *base
+	s.Cluster.Name = fmt.Sprintf("sweep-%04d", i)
+	runID := fmt.Sprintf("sweep-%04d", i)
+	job := manifests.RayJob(&s, manifests.Run{ID: runID, Attempt: 1, Source: "bench"})
+	managedBy := multiKueue
+	job.Spec.ManagedBy = &managedBy
+	job.Labels["raydrop.dev/bench"] = "sweep"
+	created, err := ray.RayV1().RayJobs(s.Cluster.Namespace).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	created.Status.JobDeploymentStatus = rayv1.JobDeploymentStatusRunning
+	created.Status.JobStatus = rayv1.JobStatusRunning
+	if _, err := ray.RayV1().RayJobs(s.Cluster.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	rec := &runs.Record{
+		APIVersion: spec.APIVersion, RunID: runID, Name: "sweep", Source: "bench", Spec: &s, SpecHash: s.Hash(),
+		Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace, Attempt: 1,
+		Attempts:  []runs.Attempt{{N: 1, RayJob: job.Name, CreatedAt: now, RunningAt: &now}},
+		Published: []runs.Phase{runs.Accepted, runs.Running},
+		CreatedAt: now,
+	}
+	rec.Enter(runs.Accepted, now)
+	rec.Enter(runs.Provisioned, now)
+	rec.Enter(runs.Submitted, now)
+	rec.Enter(runs.Running, now)
+	return store.Create(ctx, rec)
+}
