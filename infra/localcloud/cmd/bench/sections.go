@@ -64,17 +64,17 @@ func (b *bench) footprint(trials int) error {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	body := fmt.Sprintf(`{"bucket": %q, "name": "bench/footprint.json", "generation": "1", "size": "2"}`, stack.IntakeBucket)
-	var rStart, mStart, rRSS, mRSS []float64
+	var rStart, mStart, rRSS, mRSS, rAnon, mAnon []float64
 	for range trials {
-		d, rss, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s"), event, body)
+		d, mem, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s"), event, body)
 		if err != nil {
 			return fmt.Errorf("raydrop function: %w", err)
 		}
-		rStart, rRSS = append(rStart, d), append(rRSS, rss)
-		if d, rss, err = startOnce(b.ctx, minimal, "Minimal", nil, event, body); err != nil {
+		rStart, rRSS, rAnon = append(rStart, d), append(rRSS, mem.rss), append(rAnon, mem.anon)
+		if d, mem, err = startOnce(b.ctx, minimal, "Minimal", nil, event, body); err != nil {
 			return fmt.Errorf("minimal function: %w", err)
 		}
-		mStart, mRSS = append(mStart, d), append(mRSS, rss)
+		mStart, mRSS, mAnon = append(mStart, d), append(mRSS, mem.rss), append(mAnon, mem.anon)
 	}
 	rs, ms, rm, mm := median(rStart), median(mStart), median(rRSS), median(mRSS)
 	note := fmt.Sprintf("median of %d starts each", trials)
@@ -84,6 +84,8 @@ func (b *bench) footprint(trials int) error {
 	b.add("footprint", "raydrop function: resident memory after first event", rm/1024, "MiB", -1, note)
 	b.add("footprint", "minimal function: resident memory after first event", mm/1024, "MiB", -1, note)
 	b.add("footprint", "memory ratio raydrop/minimal", rm/mm, "x", 2, "")
+	b.add("footprint", "raydrop function: anonymous memory (heap, stacks)", median(rAnon)/1024, "MiB", -1, note)
+	b.add("footprint", "minimal function: anonymous memory (heap, stacks)", median(mAnon)/1024, "MiB", -1, note)
 	for _, bin := range []string{raydrop, minimal} {
 		if fi, err := os.Stat(bin); err == nil {
 			b.add("footprint", filepath.Base(bin)+" binary size", float64(fi.Size())/(1<<20), "MiB", -1, "")
@@ -94,10 +96,10 @@ func (b *bench) footprint(trials int) error {
 
 // startOnce starts a function binary and returns the milliseconds from the
 // process start to its first 2xx answer and its resident memory (KiB) then.
-func startOnce(ctx context.Context, bin, target string, env []string, event func(*http.Request), body string) (float64, float64, error) {
+func startOnce(ctx context.Context, bin, target string, env []string, event func(*http.Request), body string) (float64, memKiB, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, 0, err
+		return 0, memKiB{}, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
@@ -110,7 +112,7 @@ func startOnce(ctx context.Context, bin, target string, env []string, event func
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
-		return 0, 0, err
+		return 0, memKiB{}, err
 	}
 	defer func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -126,27 +128,41 @@ func startOnce(ctx context.Context, bin, target string, env []string, event func
 		}
 		_ = resp.Body.Close()
 		if resp.StatusCode/100 != 2 {
-			return 0, 0, fmt.Errorf("%s answered %d:\n%s", target, resp.StatusCode, out.String())
+			return 0, memKiB{}, fmt.Errorf("%s answered %d:\n%s", target, resp.StatusCode, out.String())
 		}
 		took := float64(time.Since(t0).Microseconds()) / 1000
-		rss, err := residentKiB(cmd.Process.Pid)
-		return took, rss, err
+		mem, err := residentKiB(cmd.Process.Pid)
+		return took, mem, err
 	}
-	return 0, 0, fmt.Errorf("%s served nothing within 30 s:\n%s", target, out.String())
+	return 0, memKiB{}, fmt.Errorf("%s served nothing within 30 s:\n%s", target, out.String())
 }
 
-// residentKiB reads VmRSS from /proc.
-func residentKiB(pid int) (float64, error) {
+// memKiB is a process's resident memory from /proc: all of it (VmRSS) and
+// the anonymous part (RssAnon: heap, stacks), the rest being the pages of
+// the binary itself.
+type memKiB struct{ rss, anon float64 }
+
+func residentKiB(pid int) (memKiB, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, err
+		return memKiB{}, err
 	}
+	var m memKiB
+	found := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			return strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+		for key, dst := range map[string]*float64{"VmRSS:": &m.rss, "RssAnon:": &m.anon} {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				if *dst, err = strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64); err != nil {
+					return m, err
+				}
+				found++
+			}
 		}
 	}
-	return 0, errors.New("no VmRSS in /proc status")
+	if found != 2 {
+		return m, errors.New("no VmRSS or RssAnon in /proc status")
+	}
+	return m, nil
 }
 
 // counter counts the messages published to the pipeline's topics through
