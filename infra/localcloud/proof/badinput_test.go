@@ -44,7 +44,9 @@ func observe(d eventarc.Delivery) {
 // redeliveries come for settle, and returns a problem unless there was
 // exactly one, answered 2xx: no retry storm.
 func deliveredOnce(route, key string, settle time.Duration) string {
-	deadline := time.Now().Add(30 * time.Second)
+	// Deliveries queue behind the other scenarios' (the emulator pushes two
+	// at a time per subscription): the first may take a while.
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		deliveries.Lock()
 		n := len(deliveries.by[route+"|"+key])
@@ -53,7 +55,7 @@ func deliveredOnce(route, key string, settle time.Duration) string {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Sprintf("no delivery on %s for %s within 30 s", route, key)
+			return fmt.Sprintf("no delivery on %s for %s within 2 min", route, key)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -159,7 +161,7 @@ func badSpec(t *testing.T, file string) {
 	runID := upload(t, name, data, "")
 	check := func(runID, route, key, via string) {
 		var problems []string
-		rec, err := probe.WaitPhase(ctx, st, runID, 60*time.Second, runs.Rejected)
+		rec, err := probe.WaitPhase(ctx, st, runID, 2*time.Minute, runs.Rejected)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s (%s): %v", base, via, err))
 		} else {
@@ -260,7 +262,7 @@ func badDelivery(t *testing.T, c badCase) {
 	own(runID, scenario)
 	switch c.Expect {
 	case "rejected":
-		rec, err := probe.WaitPhase(ctx, st, runID, 60*time.Second, runs.Rejected)
+		rec, err := probe.WaitPhase(ctx, st, runID, 2*time.Minute, runs.Rejected)
 		if err != nil {
 			fail("%v", err)
 			break
@@ -342,7 +344,7 @@ func shellInEveryField(t *testing.T) {
 				name := fmt.Sprintf("shell-%s-%d", strings.NewReplacer(".", "-", "$", "").Replace(field), i)
 				runID := upload(t, name, data, "")
 				own(runID, scenario)
-				rec, err := probe.WaitPhase(context.Background(), st, runID, 120*time.Second, probe.Ended...)
+				rec, err := probe.WaitPhase(context.Background(), st, runID, 3*time.Minute, probe.Ended...)
 				var problems []string
 				switch {
 				case err != nil:
