@@ -27,6 +27,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 const (
@@ -512,5 +513,33 @@ func TestStalledStepResentOncePerStaleStep(t *testing.T) {
 	w.tick() // stale again: resent, delivered
 	if got, r := w.sent[finished], w.record(runID); got != 3 || r.Phase != runs.Failed {
 		t.Errorf("finished sent %d times, phase %s; want 3 and FAILED", got, r.Phase)
+	}
+}
+
+// TestStalledAcceptedRunIsAnnouncedAndAdmitted: the intake delivery died
+// right after claiming the accepted event and was never redelivered. The
+// sweep announces the run once its claim expired and admits it.
+func TestStalledAcceptedRunIsAnnouncedAndAdmitted(t *testing.T) {
+	w := newWorld(t)
+	s, err := spec.Parse([]byte(example(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := w.deps.Time()
+	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: "stalled", Name: s.Name, Source: "gs://intake/jobs/stalled.json#1",
+		Spec: s, SpecHash: s.Hash(), Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace,
+		Publishing: map[runs.Phase]time.Time{runs.Accepted: now}}
+	rec.Enter(runs.Accepted, now)
+	if err := w.deps.Runs.Create(w.ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	w.tick() // fresh: nothing yet
+	if w.count("accepted") != 0 || w.record("stalled").Phase != runs.Accepted {
+		t.Fatalf("acted on a run whose intake may still be at work: %d accepted events, phase %s", w.count("accepted"), w.record("stalled").Phase)
+	}
+	w.now = w.now.Add(2 * time.Minute)
+	w.tick()
+	if r := w.record("stalled"); w.count("accepted") != 1 || r.Phase != runs.Submitted || w.rayJobs() != 1 {
+		t.Errorf("after the sweep: %d accepted events, phase %s, %d RayJobs; want 1, SUBMITTED, 1", w.count("accepted"), r.Phase, w.rayJobs())
 	}
 }

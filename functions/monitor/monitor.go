@@ -320,7 +320,16 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 			return nil // the holder is still at work
 		}
 	}
-	if rec.Phase == runs.Queued || h.Time().Sub(rec.UpdatedAt) > staleStep {
+	if rec.Phase == runs.Queued {
+		return h.Admit(ctx, rec)
+	}
+	if h.Time().Sub(rec.UpdatedAt) > staleStep {
+		// The intake delivery stopped after recording the run: announce it
+		// (a claim left by a delivery that died has expired by now), then
+		// admit it, as that delivery would have.
+		if rec, err = h.Announce(ctx, rec, "accepted"); err != nil {
+			return err
+		}
 		return h.Admit(ctx, rec)
 	}
 	return nil

@@ -176,7 +176,8 @@ func badSpec(t *testing.T, file string) {
 		if p := deliveredOnce(route, key, 3*time.Second); p != "" {
 			problems = append(problems, base+": "+p)
 		}
-		seen := evs.Of(runID)
+		// Events reach a subscriber a little after the record is written.
+		seen, _ := evs.WaitTerminal(runID, time.Minute, time.Second)
 		if probe.Count(seen, "rejected") != 1 || len(seen) != 1 {
 			problems = append(problems, fmt.Sprintf("%s (%s): events %d, want one rejected", base, via, len(seen)))
 		}
@@ -274,7 +275,8 @@ func badDelivery(t *testing.T, c badCase) {
 		if !found {
 			fail("problems %v do not say %q", rec.Problems, c.Problem)
 		}
-		if n := probe.Count(evs.Of(runID), "rejected"); n != 1 {
+		seen, _ := evs.WaitTerminal(runID, time.Minute, time.Second)
+		if n := probe.Count(seen, "rejected"); n != 1 {
 			fail("%d rejected events", n)
 		}
 	case "ignored", "refused":
