@@ -22,6 +22,7 @@
 package faults
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -85,6 +86,23 @@ func New(name, upstream string, rt http.RoundTripper) (*Proxy, error) {
 		},
 		Transport:     rt,
 		FlushInterval: -1, // watches and streamed bodies pass through at once
+		// The hook runs once the service answered, before the answer is
+		// written back: ModifyResponse is the last point with both.
+		ModifyResponse: func(resp *http.Response) error {
+			req, ok := resp.Request.Context().Value(requestKey{}).(*Request)
+			if !ok {
+				return nil
+			}
+			req.Status = resp.StatusCode
+			p.record(*req)
+			p.mu.Lock()
+			hook := p.hook
+			p.mu.Unlock()
+			if hook != nil {
+				hook(*req)
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			http.Error(w, p.name+" unreachable: "+err.Error(), http.StatusBadGateway)
 		},
@@ -208,26 +226,15 @@ func (p *Proxy) handler(client string) http.Handler {
 			writeConflict(w, r)
 			return
 		}
-		// The hook runs once the service answered, before the answer is
-		// written back: ModifyResponse is the last point with both.
-		rp := *p.rp
-		rp.ModifyResponse = func(resp *http.Response) error {
-			req.Status = resp.StatusCode
-			p.record(req)
-			p.mu.Lock()
-			hook := p.hook
-			p.mu.Unlock()
-			if hook != nil {
-				hook(req)
-			}
-			return nil
-		}
-		rp.ServeHTTP(w, r)
+		p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestKey{}, &req)))
 		if req.Status == 0 {
 			p.record(req) // the service gave no answer
 		}
 	})
 }
+
+// requestKey carries a request's record from the handler to ModifyResponse.
+type requestKey struct{}
 
 func (p *Proxy) record(r Request) {
 	p.mu.Lock()

@@ -40,8 +40,7 @@ type Seen struct {
 // Events collects the public events of the local cloud's events topic.
 type Events struct {
 	mu    sync.Mutex
-	byRun map[string][]Seen
-	raw   [][]byte
+	byRun map[string][]Seen // "" holds the events that did not decode
 	wake  chan struct{}
 }
 
@@ -67,7 +66,6 @@ func TapEvents(ctx context.Context, st *stack.Stack, sub string) (*Events, error
 			}
 			e.mu.Lock()
 			e.byRun[seen.RunID] = append(e.byRun[seen.RunID], seen)
-			e.raw = append(e.raw, m.Data)
 			e.mu.Unlock()
 			select {
 			case e.wake <- struct{}{}:
@@ -89,7 +87,13 @@ func (e *Events) Of(runID string) []Seen {
 func (e *Events) Raw() [][]byte {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return slices.Clone(e.raw)
+	var raw [][]byte
+	for _, seen := range e.byRun {
+		for _, s := range seen {
+			raw = append(raw, s.Raw)
+		}
+	}
+	return raw
 }
 
 // Runs returns the IDs of the runs with events.

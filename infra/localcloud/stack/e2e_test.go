@@ -110,31 +110,21 @@ func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Pha
 // eventsOf waits until the run's terminal event arrived and a little more
 // (a duplicate would arrive by then), validates every event against its
 // schema, and returns them.
-func eventsOf(t *testing.T, runID string) []events.Run {
+func eventsOf(t *testing.T, runID string) []probe.Seen {
 	t.Helper()
 	seen, err := evs.WaitTerminal(runID, 20*time.Second, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]events.Run, 0, len(seen))
 	for _, e := range seen {
 		validate(t, e.Run)
-		out = append(out, e.Run)
 	}
-	return out
+	return seen
 }
 
-func count(evs []events.Run, phase string) int {
-	n := 0
-	for _, e := range evs {
-		if e.Phase == phase || phase == "terminal" && events.Terminal[e.Phase] {
-			n++
-		}
-	}
-	return n
-}
+func count(evs []probe.Seen, phase string) int { return probe.Count(evs, phase) }
 
-func terminalEvents(evs []events.Run) int { return count(evs, "terminal") }
+func terminalEvents(evs []probe.Seen) int { return probe.Count(evs, "terminal") }
 
 // waitNoWorkers waits until the cluster has no worker pod.
 func waitNoWorkers(t *testing.T, cluster string) {
