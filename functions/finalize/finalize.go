@@ -7,6 +7,8 @@ package finalize
 
 import (
 	"context"
+	"errors"
+	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -30,16 +32,21 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		if rec, err = h.conclude(ctx, rec); err != nil {
 			return err
 		}
-	case rec.Phase.Terminal():
-		// An earlier delivery concluded it; finish what it may not have.
+	case rec.Unannounced():
+		// An earlier delivery ended it and died before announcing it (the
+		// sweep resends such runs here); finish what it left.
 	default:
 		h.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
 	}
-	if rec, err = h.Announce(ctx, rec, eventPhase(rec.Phase)); err != nil {
+	// The cluster first, the event last: until the event has gone out the
+	// run is listed as unannounced and the sweep sends it here again, so a
+	// delivery that dies anywhere in between leaves nothing undone.
+	if err := h.release(ctx, rec); err != nil {
 		return err
 	}
-	return h.release(ctx, rec)
+	_, err = h.Announce(ctx, rec, eventPhase(rec.Phase))
+	return err
 }
 
 // conclude discovers the run's checkpoints and writes its terminal record.
@@ -108,15 +115,8 @@ func better(a, b *checkpoints.Checkpoint) bool {
 	return aok && (!bok || al < bl)
 }
 
-func eventPhase(p runs.Phase) string {
-	switch p {
-	case runs.Succeeded:
-		return "succeeded"
-	case runs.Cancelled:
-		return "cancelled"
-	}
-	return "failed"
-}
+// eventPhase is the public event name of a terminal phase.
+func eventPhase(p runs.Phase) string { return strings.ToLower(string(p)) }
 
 // release gives the cluster up: the first queued run gets it, else the
 // workers go to zero. A cancelled run's RayJob is deleted first, in case it
@@ -134,9 +134,21 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 	if err != nil {
 		return err
 	}
-	if next != "" {
-		h.Log.Info("cluster_handed_over", "run_id", rec.RunID, "cluster", rec.Cluster, "next_run_id", next)
-		return h.StartAttempt(ctx, next, 1, "", "")
+	for next != "" {
+		waiting, err := h.waiting(ctx, next)
+		if err != nil {
+			return err
+		}
+		if waiting {
+			h.Log.Info("cluster_handed_over", "run_id", rec.RunID, "cluster", rec.Cluster, "next_run_id", next)
+			return h.StartAttempt(ctx, next, 1, "", "")
+		}
+		// The next run no longer waits (it ended, cancelled while queued,
+		// or its record is gone): pass the cluster on.
+		h.Log.Info("lease_released", "run_id", next, "cluster", rec.Cluster, "why", "no longer waiting")
+		if lease, next, err = h.Leases.Release(ctx, rec.Namespace, rec.Cluster, next); err != nil {
+			return err
+		}
 	}
 	if lease.Holder != "" {
 		return nil // this run never held the cluster; its holder keeps the workers
@@ -149,4 +161,18 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 		h.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
 	}
 	return nil
+}
+
+// waiting reports whether a run the cluster is handed to can take it: it
+// still waits for it, or has it already. A run that is ending (FINISHING)
+// keeps the lease; its own finalize passes it on.
+func (h *Handler) waiting(ctx context.Context, runID string) (bool, error) {
+	rec, err := h.Runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return !rec.Phase.Terminal(), nil
 }

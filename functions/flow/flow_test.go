@@ -82,12 +82,42 @@ func newWorld(t *testing.T) *world {
 	w.deps = &pipeline.Deps{
 		Config: cfg, Runs: &runs.Store{Bucket: b, Now: clock}, Objects: &pipeline.GCS{Client: w.gcs},
 		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: clock,
+		Now: clock,
 	}
+	var out io.Writer = io.Discard
 	if testing.Verbose() {
-		w.deps.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		out = os.Stderr
 	}
+	w.deps.Log = slog.New(&failOnSweepError{Handler: slog.NewTextHandler(out, nil), t: t})
 	return w
+}
+
+// failOnSweepError fails the test when a sweep reports a check that failed:
+// the sweep logs such errors and goes on (the next tick tries again), so
+// without this a step the sweep can never take would pass unseen.
+type failOnSweepError struct {
+	slog.Handler
+	t *testing.T
+}
+
+func (h *failOnSweepError) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "sweep_check_failed" {
+		var msg string
+		r.Attrs(func(a slog.Attr) bool {
+			msg += " " + a.String()
+			return true
+		})
+		h.t.Errorf("sweep check failed:%s", msg)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *failOnSweepError) WithAttrs(as []slog.Attr) slog.Handler {
+	return &failOnSweepError{Handler: h.Handler.WithAttrs(as), t: h.t}
+}
+
+func (h *failOnSweepError) WithGroup(name string) slog.Handler {
+	return &failOnSweepError{Handler: h.Handler.WithGroup(name), t: h.t}
 }
 
 // Publish records a message for delivery (the Publisher of the functions).
@@ -122,8 +152,10 @@ func (w *world) pubsubEvent(topic string, data []byte, attrs map[string]string) 
 	return e
 }
 
-// deliver runs one event through the function subscribed to topic, the
-// way the platform would, through the boundary.
+// deliver runs one event through the function subscribed to topic and
+// returns the handler's error as it is. The platform would acknowledge a
+// permanent error and drop the event, so a permanent error fails every
+// caller that does not expect exactly that: a dropped step cannot pass.
 func (w *world) deliver(topic string, e event.Event) error {
 	t := w.deps.Config.Topics
 	var err error
@@ -139,7 +171,10 @@ func (w *world) deliver(topic string, e event.Event) error {
 	default:
 		w.t.Fatalf("no function on topic %s", topic)
 	}
-	return pipeline.Boundary(w.deps.Log, topic, err)
+	if pipeline.IsPermanent(err) {
+		return fmt.Errorf("permanent error, the event would be dropped: %w", err)
+	}
+	return err
 }
 
 // drain delivers queued messages until none is left.
@@ -489,7 +524,7 @@ func TestDeadlineAndLostFinished(t *testing.T) {
 }
 
 // TestStalledStepResentOncePerStaleStep: however often ticks come, the
-// sweep resends a stalled step's message once per staleStep, not on every
+// sweep resends a stalled step's message once per StaleStep, not on every
 // tick, so copies never pile up in front of it.
 func TestStalledStepResentOncePerStaleStep(t *testing.T) {
 	w := newWorld(t)
@@ -500,16 +535,16 @@ func TestStalledStepResentOncePerStaleStep(t *testing.T) {
 	w.drop[finished] = 2 // the finished message and its first resend are lost
 	w.now = w.now.Add(25 * time.Hour)
 	w.tick() // deadline: FINISHING, finished sent (lost)
-	w.now = w.now.Add(2 * time.Minute)
+	w.now = w.now.Add(pipeline.StaleStep + time.Second)
 	w.tick() // stale: resent (lost)
 	for range 5 {
-		w.now = w.now.Add(5 * time.Second)
-		w.tick() // ticks every 5 s: nothing more until a full minute passed
+		w.now = w.now.Add(pipeline.StaleStep / 8)
+		w.tick() // frequent ticks: nothing more until a full StaleStep passed
 	}
 	if got := w.sent[finished]; got != 2 {
-		t.Fatalf("finished sent %d times within a minute of the resend, want 2 (original and one resend)", got)
+		t.Fatalf("finished sent %d times within StaleStep of the resend, want 2 (original and one resend)", got)
 	}
-	w.now = w.now.Add(time.Minute)
+	w.now = w.now.Add(pipeline.StaleStep / 2)
 	w.tick() // stale again: resent, delivered
 	if got, r := w.sent[finished], w.record(runID); got != 3 || r.Phase != runs.Failed {
 		t.Errorf("finished sent %d times, phase %s; want 3 and FAILED", got, r.Phase)
@@ -521,18 +556,7 @@ func TestStalledStepResentOncePerStaleStep(t *testing.T) {
 // sweep announces the run once its claim expired and admits it.
 func TestStalledAcceptedRunIsAnnouncedAndAdmitted(t *testing.T) {
 	w := newWorld(t)
-	s, err := spec.Parse([]byte(example(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := w.deps.Time()
-	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: "stalled", Name: s.Name, Source: "gs://intake/jobs/stalled.json#1",
-		Spec: s, SpecHash: s.Hash(), Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace,
-		Publishing: map[runs.Phase]time.Time{runs.Accepted: now}}
-	rec.Enter(runs.Accepted, now)
-	if err := w.deps.Runs.Create(w.ctx, rec); err != nil {
-		t.Fatal(err)
-	}
+	w.stalled("stalled")
 	w.tick() // fresh: nothing yet
 	if w.count("accepted") != 0 || w.record("stalled").Phase != runs.Accepted {
 		t.Fatalf("acted on a run whose intake may still be at work: %d accepted events, phase %s", w.count("accepted"), w.record("stalled").Phase)
@@ -542,4 +566,161 @@ func TestStalledAcceptedRunIsAnnouncedAndAdmitted(t *testing.T) {
 	if r := w.record("stalled"); w.count("accepted") != 1 || r.Phase != runs.Submitted || w.rayJobs() != 1 {
 		t.Errorf("after the sweep: %d accepted events, phase %s, %d RayJobs; want 1, SUBMITTED, 1", w.count("accepted"), r.Phase, w.rayJobs())
 	}
+}
+
+func (w *world) cancel(runID string) {
+	w.t.Helper()
+	if err := w.deliver(w.deps.Config.Topics.Requests, w.pubsubEvent(w.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": runID})); err != nil {
+		w.t.Fatal(err)
+	}
+	w.drain()
+}
+
+func (w *world) lease() *pipeline.Lease {
+	w.t.Helper()
+	l, err := w.deps.Leases.Get(w.ctx, "default", "gemma3-tuning")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return l
+}
+
+// TestCancelWhileQueued: a run queued behind another is cancelled, then the
+// first is cancelled, then a third run on the same cluster runs at once and
+// the workers go to zero after it. The cancelled queued run never had an
+// attempt: its finished message says attempt 0.
+func TestCancelWhileQueued(t *testing.T) {
+	w := newWorld(t)
+	a := w.admit("jobs/a.json", example(t))
+	b := w.admit("jobs/b.json", example(t))
+	if w.record(a).Phase != runs.Submitted || w.record(b).Phase != runs.Queued {
+		t.Fatalf("phases %s %s, want SUBMITTED QUEUED", w.record(a).Phase, w.record(b).Phase)
+	}
+	w.cancel(b)
+	if r := w.record(b); r.Phase != runs.Cancelled || w.count("cancelled") != 1 {
+		t.Fatalf("queued run after cancel: phase %s (%s), %d cancelled events; want CANCELLED, 1", r.Phase, r.Reason, w.count("cancelled"))
+	}
+	if l := w.lease(); l.Holder != a || len(l.Queue) != 0 {
+		t.Fatalf("lease %+v after the queued run was cancelled, want held by %s, nobody queued", l, a)
+	}
+	w.setJob(a, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.cancel(a)
+	if r := w.record(a); r.Phase != runs.Cancelled || w.workers() != 0 || w.rayJobs() != 0 {
+		t.Fatalf("first run: phase %s, workers %d, rayjobs %d; want CANCELLED, 0, 0", r.Phase, w.workers(), w.rayJobs())
+	}
+	c := w.admit("jobs/c.json", example(t))
+	if r := w.record(c); r.Phase != runs.Submitted {
+		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Reason)
+	}
+	w.runToSuccess(c, 1)
+	if r := w.record(c); r.Phase != runs.Succeeded || w.workers() != 0 || w.count("cancelled") != 2 || w.count("succeeded") != 1 {
+		t.Errorf("third run %s, workers %d, cancelled events %d, succeeded events %d; want SUCCEEDED, 0, 2, 1", r.Phase, w.workers(), w.count("cancelled"), w.count("succeeded"))
+	}
+}
+
+// TestCancelWhileAccepted: a run cancelled before it was admitted (its
+// record ACCEPTED, no attempt) ends CANCELLED and takes no cluster.
+func TestCancelWhileAccepted(t *testing.T) {
+	w := newWorld(t)
+	rec := w.stalled("accepted-then-cancelled")
+	w.cancel(rec.RunID)
+	if r := w.record(rec.RunID); r.Phase != runs.Cancelled || w.count("cancelled") != 1 || w.rayJobs() != 0 {
+		t.Fatalf("phase %s (%s), cancelled events %d, rayjobs %d; want CANCELLED, 1, 0", r.Phase, r.Reason, w.count("cancelled"), w.rayJobs())
+	}
+	if l := w.lease(); l.Holder != "" || len(l.Queue) != 0 {
+		t.Errorf("lease %+v after a cancelled accepted run, want free", l)
+	}
+}
+
+// TestQueuedRunCancelledWhileItsFinishIsLost: the cancelled queued run's
+// finished message is lost, the first run ends and hands the cluster to
+// it; a third run queues behind it. The sweep finalizes the cancelled run,
+// which passes the cluster to the third.
+func TestQueuedRunCancelledWhileItsFinishIsLost(t *testing.T) {
+	w := newWorld(t)
+	a := w.admit("jobs/a.json", example(t))
+	b := w.admit("jobs/b.json", example(t))
+	w.drop[w.deps.Config.Topics.Finished] = 1
+	w.cancel(b)
+	if r := w.record(b); r.Phase != runs.Finishing {
+		t.Fatalf("cancelled queued run %s, want FINISHING (its finished message was lost)", r.Phase)
+	}
+	w.runToSuccess(a, 1)
+	c := w.admit("jobs/c.json", example(t))
+	if r := w.record(c); r.Phase != runs.Queued {
+		t.Fatalf("third run %s, want QUEUED behind the cancelled run", r.Phase)
+	}
+	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.tick()
+	if r := w.record(b); r.Phase != runs.Cancelled || w.count("cancelled") != 1 {
+		t.Fatalf("cancelled run %s, %d cancelled events; want CANCELLED, 1", r.Phase, w.count("cancelled"))
+	}
+	if r := w.record(c); r.Phase != runs.Submitted {
+		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Reason)
+	}
+	w.runToSuccess(c, 1)
+	if r := w.record(c); r.Phase != runs.Succeeded || w.workers() != 0 {
+		t.Errorf("third run %s, workers %d; want SUCCEEDED, 0", r.Phase, w.workers())
+	}
+}
+
+// TestEndedRunAnnouncedAfterFinalizeDied: finalize recorded the end of a
+// run and died before releasing the cluster and announcing it, and its
+// message was not redelivered. The sweep sends the run to finalize again
+// once it is StaleStep old: one terminal event, workers to zero. A rejected
+// run whose intake died before announcing it is announced the same way.
+func TestEndedRunAnnouncedAfterFinalizeDied(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/e.json", example(t))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.writeLayout(runID, 1, 3, "succeeded")
+	w.drop[w.deps.Config.Topics.Finished] = 1
+	w.tick() // FINISHING; the finished message is lost
+	if _, err := w.deps.Runs.Update(w.ctx, runID, func(r *runs.Record) error {
+		r.Enter(runs.Succeeded, w.now) // what finalize wrote before it died
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rejected := &runs.Record{APIVersion: spec.APIVersion, RunID: "rejected-unannounced", Name: "bad", Source: "gs://intake/jobs/bad.json#1", Reason: "invalid job spec"}
+	rejected.Enter(runs.Rejected, w.now)
+	if err := w.deps.Runs.Create(w.ctx, rejected); err != nil {
+		t.Fatal(err)
+	}
+	w.tick()
+	if w.count("succeeded") != 0 || w.count("rejected") != 0 {
+		t.Fatalf("announced before StaleStep passed: %d succeeded, %d rejected", w.count("succeeded"), w.count("rejected"))
+	}
+	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.tick()
+	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.tick()
+	if w.count("succeeded") != 1 || w.count("rejected") != 1 || w.workers() != 0 {
+		t.Errorf("%d succeeded and %d rejected events, %d workers; want 1, 1, 0", w.count("succeeded"), w.count("rejected"), w.workers())
+	}
+	for _, id := range []string{runID, rejected.RunID} {
+		if r := w.record(id); r.Unannounced() {
+			t.Errorf("run %s still unannounced (%s, published %v)", id, r.Phase, r.Published)
+		}
+	}
+}
+
+// stalled records an accepted run as an intake delivery that died right
+// after claiming its accepted event leaves it: no event, no cluster.
+func (w *world) stalled(runID string) *runs.Record {
+	w.t.Helper()
+	s, err := spec.Parse([]byte(example(w.t)))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	now := w.deps.Time()
+	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: runID, Name: s.Name, Source: "gs://intake/jobs/" + runID + ".json#1",
+		Spec: s, SpecHash: s.Hash(), Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace,
+		Publishing: map[runs.Phase]time.Time{runs.Accepted: now}}
+	rec.Enter(runs.Accepted, now)
+	if err := w.deps.Runs.Create(w.ctx, rec); err != nil {
+		w.t.Fatal(err)
+	}
+	return rec
 }

@@ -28,11 +28,9 @@ import (
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// How long a step may wait before the sweep resends its message.
-const (
-	staleStep = time.Minute
-	lostJob   = 2 * time.Minute
-)
+// lostJob is how long a just-created RayJob may be missing from a listing
+// before the run counts it as lost.
+const lostJob = 2 * time.Minute
 
 // sweepWorkers is how many runs a sweep checks at once.
 const sweepWorkers = 32
@@ -86,7 +84,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 		return err
 	}
 	now := h.Time()
-	stale := now.Sub(rec.UpdatedAt) > staleStep
+	stale := now.Sub(rec.UpdatedAt) > pipeline.StaleStep
 	switch rec.Phase {
 	case runs.Submitted, runs.Running:
 	case runs.Accepted, runs.Queued:
@@ -110,8 +108,15 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 			return h.resend(ctx, rec, "finished", h.Config.Topics.Finished)
 		}
 		return nil
-	default:
+	case runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected:
+		// Listed because it is unannounced: the delivery that ended it died
+		// before its event went out. Finalize finishes what it left.
+		if sweep && stale && rec.Unannounced() {
+			return h.resend(ctx, rec, "finished", h.Config.Topics.Finished)
+		}
 		return nil
+	default:
+		return pipeline.Permanent(fmt.Errorf("run %s is in phase %q, which the monitor does not know", runID, rec.Phase))
 	}
 
 	a := rec.CurrentAttempt()
@@ -190,9 +195,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 }
 
 // resend sends a stalled step's message again. It first touches the record
-// (its UpdatedAt), so the step counts as stale again only a full staleStep
+// (its UpdatedAt), so the step counts as stale again only a full StaleStep
 // later: however often ticks come, a stalled step is resent once per
-// staleStep, never in a storm that buries the message behind its copies.
+// StaleStep, never in a storm that buries the message behind its copies.
 func (h *Handler) resend(ctx context.Context, rec *runs.Record, step, topic string) error {
 	phase, attempt := rec.Phase, rec.Attempt
 	if _, err := h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
@@ -323,7 +328,7 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 	if rec.Phase == runs.Queued {
 		return h.Admit(ctx, rec)
 	}
-	if h.Time().Sub(rec.UpdatedAt) > staleStep {
+	if h.Time().Sub(rec.UpdatedAt) > pipeline.StaleStep {
 		// The intake delivery stopped after recording the run: announce it
 		// (a claim left by a delivery that died has expired by now), then
 		// admit it, as that delivery would have.
@@ -357,6 +362,8 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	for _, s := range sums {
 		if s.Phase.Active() {
 			busy[s.Cluster] = true
+		}
+		if s.Phase.Active() || s.Unannounced {
 			active = append(active, s.RunID)
 		}
 	}

@@ -182,5 +182,5 @@ func (h *Handler) cancel(ctx context.Context, runID, from string) error {
 		return err
 	}
 	h.Log.Info("cancel_requested", "run_id", runID, "from", from)
-	return h.Send(ctx, h.Config.Topics.Submitted, pipeline.Step{RunID: runID, Attempt: max(rec.Attempt, 1)})
+	return h.Send(ctx, h.Config.Topics.Submitted, pipeline.Step{RunID: runID, Attempt: rec.Attempt})
 }

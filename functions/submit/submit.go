@@ -41,15 +41,24 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if err := h.CreateRayJob(ctx, job); err != nil {
 		return err
 	}
+	changed := false
 	rec, err = h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		if r.Attempt != step.Attempt || r.Phase != runs.Provisioned {
+			changed = false
 			return runs.ErrNoChange
 		}
 		r.Enter(runs.Submitted, h.Time())
+		changed = true
 		return nil
 	})
 	if err != nil {
 		return err
+	}
+	if !changed {
+		// A concurrent delivery recorded the submission (and sent the
+		// submitted message) first.
+		h.Log.Info("duplicate_ignored", "run_id", rec.RunID, "attempt", step.Attempt, "phase", rec.Phase)
+		return nil
 	}
 	h.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
 	return h.Send(ctx, h.Config.Topics.Submitted, step)

@@ -18,7 +18,10 @@ import (
 // TypePrefix starts every event type.
 const TypePrefix = "dev.raydrop.run.v1."
 
-// Phases that have a public event, in the order a run meets them.
+// Phases that have a public event: accepted or rejected first, then queued
+// (only a run that waits for its cluster) and running, then one of
+// succeeded, failed and cancelled. A run cancelled or failed before it ran
+// skips running.
 var Phases = []string{"accepted", "rejected", "queued", "running", "succeeded", "failed", "cancelled"}
 
 // Terminal phases carry the run's results.

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // CloudEvent types the functions receive.
@@ -84,8 +86,11 @@ func DecodeStep(e event.Event) (Step, error) {
 		return Step{}, err
 	}
 	var s Step
-	if err := json.Unmarshal(m.Message.Data, &s); err != nil || s.RunID == "" || s.Attempt < 1 {
-		return s, Permanent(fmt.Errorf("message %s is not a step message (want {\"runId\", \"attempt\"}): %q", m.Message.MessageID, truncate(m.Message.Data, 200)))
+	if err := json.Unmarshal(m.Message.Data, &s); err != nil || s.RunID == "" || s.Attempt < 0 {
+		return s, Permanent(fmt.Errorf("message %s is not a step message (want {\"runId\", \"attempt\" >= 0}): %q", m.Message.MessageID, truncate(m.Message.Data, 200)))
+	}
+	if msg := spec.CheckRunID(s.RunID); msg != "" {
+		return s, Permanent(fmt.Errorf("message %s names no valid run: runId %s", m.Message.MessageID, msg))
 	}
 	return s, nil
 }

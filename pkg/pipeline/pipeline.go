@@ -69,6 +69,9 @@ func (d *Deps) Time() time.Time {
 }
 
 // Step is the message that chains the functions: which run, which attempt.
+// Attempt 0 is a run that never got one: a run cancelled while it waited
+// (ACCEPTED or QUEUED), or a rejected one, still goes through finalize, which
+// ends it, takes it off its cluster's queue and announces it.
 type Step struct {
 	RunID   string `json:"runId"`
 	Attempt int    `json:"attempt"`
@@ -83,9 +86,37 @@ func (d *Deps) Send(ctx context.Context, topic string, s Step) error {
 	return nil
 }
 
-// claimFor is how long a delivery's claim to publish an event holds off
-// the others.
-const claimFor = 30 * time.Second
+// Recovery after a crash. Every hop is delivered at least once, but a
+// delivery whose instance died may not come back soon, or at all (its
+// message can run out of delivery attempts), so the monitor's sweep is what
+// bounds recovery, and these constants fix the bound (RecoveryBound):
+//
+//   - A delivery claims a public event before publishing it (Announce). The
+//     claim holds the others off for ClaimFor; the claimer publishes under a
+//     deadline of publishWithin, so a live claimer has published, or given
+//     its claim up, by then. Only a claimer that died leaves a claim behind,
+//     and it expires ClaimFor after it was taken.
+//   - A step whose record has not changed for StaleStep (a run ACCEPTED but
+//     never admitted, PROVISIONED never submitted, FINISHING never
+//     finalized, or ended but never announced) is driven on by the next
+//     sweep: it re-admits the run or resends the step's message. StaleStep
+//     is longer than ClaimFor, so a claim left by the dead delivery has
+//     expired when the step is retried. SUBMITTED and RUNNING runs are
+//     checked on every tick.
+//   - The sweep runs on every scheduler tick.
+const (
+	ClaimFor      = 10 * time.Second
+	publishWithin = 5 * time.Second
+	StaleStep     = 20 * time.Second
+)
+
+// RecoveryBound is the longest a run stalls after the instance handling it
+// died, with ticks every tick: its last write is at most StaleStep old when
+// a sweep first sees it stale, and that sweep comes at most one tick later.
+// After that the run goes on as it would have. A redelivery of the dead
+// delivery usually comes sooner: Eventarc retries after 10 s or more, when
+// the dead delivery's claim has expired.
+func RecoveryBound(tick time.Duration) time.Duration { return StaleStep + tick }
 
 // errClaimed means another delivery is publishing the event right now.
 var errClaimed = errors.New("another delivery is publishing this event")
@@ -106,7 +137,7 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*run
 		if cur.WasPublished(p) {
 			return runs.ErrNoChange
 		}
-		if t, ok := cur.Publishing[p]; ok && now.Sub(t) < claimFor {
+		if t, ok := cur.Publishing[p]; ok && now.Sub(t) < ClaimFor {
 			return errClaimed
 		}
 		if cur.Publishing == nil {
@@ -125,7 +156,10 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*run
 	if err != nil {
 		return nil, err
 	}
-	if err := d.Publisher.Publish(ctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e)); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, publishWithin)
+	err = d.Publisher.Publish(pctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e))
+	cancel()
+	if err != nil {
 		_, _ = d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
 			delete(cur.Publishing, p) // let the redelivery try again at once
 			return nil

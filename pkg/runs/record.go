@@ -11,7 +11,9 @@ import (
 	"github.com/raydrop/raydrop/pkg/spec"
 )
 
-// Phase is where a run is. Phases only move forward (see Rank).
+// Phase is where a run is. Phases move forward (see Rank), except that a
+// retry takes a SUBMITTED or RUNNING run back to PROVISIONED for its next
+// attempt; a terminal phase never changes.
 type Phase string
 
 // The phases of a run.
@@ -77,8 +79,10 @@ type Record struct {
 	Progress        *Progress `json:"progress,omitempty"`
 	CancelRequested bool      `json:"cancelRequested,omitempty"`
 
-	// Outcome is what the RayJob ended as, recorded by the monitor before
-	// finalize runs: succeeded, failed, infra-failed, deadline, cancelled.
+	// Outcome is how the run ended, recorded (with Reason) before finalize
+	// runs: succeeded, failed or cancelled; a deadline, an infrastructure
+	// failure after the retries and a failed training are all failed, told
+	// apart by Reason.
 	Outcome string `json:"outcome,omitempty"`
 
 	Result *checkpoints.Result `json:"result,omitempty"`
@@ -146,6 +150,11 @@ func (r *Record) MarkPublished(p Phase) {
 		r.Published = append(r.Published, p)
 	}
 }
+
+// Unannounced reports whether the run has ended but its terminal event has
+// not gone out yet: the delivery that ended it died before announcing it, so
+// the sweep keeps sending the run to finalize until it is announced.
+func (r *Record) Unannounced() bool { return r.Phase.Terminal() && !r.WasPublished(r.Phase) }
 
 // CurrentAttempt returns the record's current attempt, or nil before the
 // first RayJob.

@@ -30,8 +30,9 @@ const (
 	StatusFile = "status.json"
 	// Custom metadata kept on each record object, so one listing gives the
 	// phase of every run without reading each record.
-	metaPhase   = "raydrop-phase"
-	metaCluster = "raydrop-cluster"
+	metaPhase       = "raydrop-phase"
+	metaCluster     = "raydrop-cluster"
+	metaUnannounced = "raydrop-unannounced"
 )
 
 // ObjectName is the name of a run's record.
@@ -49,6 +50,9 @@ type Summary struct {
 	Phase   Phase
 	Cluster string // namespace/name
 	Updated time.Time
+	// Unannounced: the run has ended but its terminal event has not gone
+	// out (Record.Unannounced).
+	Unannounced bool
 }
 
 func (s *Store) now() time.Time {
@@ -120,7 +124,8 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 		if !ok || file != StatusFile {
 			continue
 		}
-		out = append(out, Summary{RunID: id, Phase: Phase(a.Metadata[metaPhase]), Cluster: a.Metadata[metaCluster], Updated: a.Updated})
+		out = append(out, Summary{RunID: id, Phase: Phase(a.Metadata[metaPhase]), Cluster: a.Metadata[metaCluster], Updated: a.Updated,
+			Unannounced: a.Metadata[metaUnannounced] == "true"})
 	}
 }
 
@@ -131,5 +136,9 @@ func meta(r *Record) map[string]string {
 	if r.Cluster != "" {
 		cluster = r.Namespace + "/" + r.Cluster
 	}
-	return map[string]string{metaPhase: string(r.Phase), metaCluster: cluster}
+	m := map[string]string{metaPhase: string(r.Phase), metaCluster: cluster}
+	if r.Unannounced() {
+		m[metaUnannounced] = "true"
+	}
+	return m
 }

@@ -107,10 +107,13 @@ func (e *Events) Runs() []string {
 // longer (a duplicate would arrive by then), and returns the run's events.
 func (e *Events) WaitTerminal(runID string, limit, settle time.Duration) ([]Seen, error) {
 	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
+	for {
 		if Terminal(e.Of(runID)) != nil {
 			time.Sleep(settle)
 			return e.Of(runID), nil
+		}
+		if !time.Now().Before(deadline) {
+			break
 		}
 		select {
 		case <-e.wake:

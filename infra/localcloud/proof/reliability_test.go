@@ -20,6 +20,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -42,6 +43,8 @@ func testCrashes(t *testing.T) {
 func crashLane(t *testing.T, fn string) {
 	scenario := "crash " + fn
 	cluster := "crash-" + strings.ToLower(fn)
+	report.Note(scenario, fmt.Sprintf("recovery bound %s (StaleStep %s + tick %s); each terminal event waited for up to that + %s margin after its run ended",
+		recoveryBound, pipeline.StaleStep, tick, recoveryMargin))
 	for k := 1; k <= 12; k++ {
 		runID := fmt.Sprintf("crash-%s-%d", strings.ToLower(fn), k)
 		// The run's own writes, and every Kubernetes create: a create is
@@ -56,7 +59,11 @@ func crashLane(t *testing.T, fn string) {
 		disarm()
 		select {
 		case c := <-crashed:
-			report.Note(scenario, fmt.Sprintf("killed after write %d: %s", k, c.After))
+			after := "no terminal event"
+			if e := probe.Terminal(evs.Of(runID)); e != nil {
+				after = fmt.Sprintf("terminal event %.1f s after the kill", e.At.Sub(c.At).Seconds())
+			}
+			report.Note(scenario, fmt.Sprintf("killed after write %d: %s; %s", k, c.After, after))
 		default:
 			report.Note(scenario, fmt.Sprintf("run %s made fewer than %d writes: every write point covered", runID, k))
 			return

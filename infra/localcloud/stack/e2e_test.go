@@ -216,11 +216,7 @@ func TestCancel(t *testing.T) {
 	t.Parallel()
 	runID := upload(t, "cancel", specFor(t, "e2e-cancel", nil), "outcome=hang,at=2,step=200ms")
 	waitPhase(t, runID, 60*time.Second, runs.Running)
-	ctx := context.Background()
-	w := st.GCS.Bucket(stack.IntakeBucket).Object("cancel/" + runID).NewWriter(ctx)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	cancelRun(t, runID)
 	r := waitPhase(t, runID, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded)
 	if r.Phase != runs.Cancelled {
 		t.Fatalf("phase %s (%s), want CANCELLED", r.Phase, r.Reason)
@@ -232,6 +228,49 @@ func TestCancel(t *testing.T) {
 		t.Errorf("%d RayJobs left after cancellation, want 0", n)
 	}
 	waitNoWorkers(t, "e2e-cancel")
+}
+
+// cancelRun drops cancel/<runID> into the intake bucket, as `raydrop
+// cancel` does.
+func cancelRun(t *testing.T, runID string) {
+	t.Helper()
+	w := st.GCS.Bucket(stack.IntakeBucket).Object("cancel/" + runID).NewWriter(context.Background())
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCancelWhileQueued queues a run behind a running one and cancels it,
+// then cancels the first: a third run on the same cluster runs at once, and
+// the workers go to zero after it. A cancelled queued run used to stay
+// FINISHING and hold the cluster for good.
+func TestCancelWhileQueued(t *testing.T) {
+	t.Parallel()
+	data := specFor(t, "e2e-cancel-queued", nil)
+	first := upload(t, "cancel-queued-first", data, "outcome=hang,at=2,step=200ms")
+	waitPhase(t, first, 60*time.Second, runs.Running)
+	queued := upload(t, "cancel-queued-second", data, "steps=2,step=200ms")
+	waitPhase(t, queued, 60*time.Second, runs.Queued)
+	cancelRun(t, queued)
+	if r := waitPhase(t, queued, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded); r.Phase != runs.Cancelled {
+		t.Fatalf("queued run %s (%s), want CANCELLED", r.Phase, r.Reason)
+	}
+	if evs := eventsOf(t, queued); count(evs, "queued") != 1 || count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("queued run's events %+v", evs)
+	}
+	cancelRun(t, first)
+	if r := waitPhase(t, first, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded); r.Phase != runs.Cancelled {
+		t.Fatalf("first run %s (%s), want CANCELLED", r.Phase, r.Reason)
+	}
+	third := upload(t, "cancel-queued-third", data, "steps=2,step=200ms")
+	r := waitPhase(t, third, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("third run %s (%s), want SUCCEEDED", r.Phase, r.Reason)
+	}
+	if _, queued := r.Times[runs.Queued]; queued {
+		t.Errorf("third run was queued (%v) on a cluster nobody held", r.Times)
+	}
+	waitNoWorkers(t, "e2e-cancel-queued")
 }
 
 // TestDuplicateRequests publishes the same request five times: one run,
