@@ -84,7 +84,7 @@ func newWorld(t *testing.T) *world {
 		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
 		Now: clock,
 	}
-	var out io.Writer = io.Discard
+	out := io.Discard
 	if testing.Verbose() {
 		out = os.Stderr
 	}
