@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,6 +81,7 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 		live = true
 	}
 	lastPhase, lastLine := runs.Phase(""), ""
+	var lastEntered time.Time // when the run entered the last phase shown
 	appearBy := time.Now().Add(*appear)
 	for {
 		r, err := getRun(ctx, st, pos[0], t)
@@ -99,6 +101,15 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 		if r.Phase != lastPhase {
 			if live && lastLine != "" {
 				fmt.Fprintln(e.stdout)
+			}
+			// Phases the run passed through between two reads (a short
+			// job can be RUNNING for less than the interval), from the
+			// times the record keeps.
+			for _, p := range passed(r, lastEntered) {
+				fmt.Fprintf(e.stdout, "%s  %s\n", r.Times[p].Local().Format(time.TimeOnly), p)
+			}
+			if t, ok := r.Times[r.Phase]; ok {
+				lastEntered = t
 			}
 			fmt.Fprintf(e.stdout, "%s  %s", time.Now().Format(time.TimeOnly), r.Phase)
 			if r.Reason != "" && !r.Phase.Terminal() {
@@ -126,6 +137,19 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 			return ExitFailure
 		}
 	}
+}
+
+// passed lists the phases other than its current one that the run entered
+// after the time after, in the order it entered them.
+func passed(r *runs.Record, after time.Time) []runs.Phase {
+	var ps []runs.Phase
+	for p, t := range r.Times {
+		if p != r.Phase && t.After(after) && !t.After(r.Times[r.Phase]) {
+			ps = append(ps, p)
+		}
+	}
+	slices.SortFunc(ps, func(a, b runs.Phase) int { return r.Times[a].Compare(r.Times[b]) })
+	return ps
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
