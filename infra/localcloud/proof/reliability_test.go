@@ -61,7 +61,13 @@ func crashLane(t *testing.T, fn string) {
 		case c := <-crashed:
 			after := "no terminal event"
 			if e := probe.Terminal(evs.Of(runID)); e != nil {
-				after = fmt.Sprintf("terminal event %.1f s after the kill", e.At.Sub(c.At).Seconds())
+				if d := e.At.Sub(c.At); d >= 0 {
+					after = fmt.Sprintf("terminal event %.1f s after the kill", d.Seconds())
+				} else {
+					// Creates are matched by collection: the write was
+					// another lane's, after this run had ended.
+					after = fmt.Sprintf("the run ended %.1f s before the kill (the write was another run's create)", -d.Seconds())
+				}
 			}
 			report.Note(scenario, fmt.Sprintf("killed after write %d: %s; %s", k, c.After, after))
 		default:
