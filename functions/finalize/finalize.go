@@ -1,8 +1,8 @@
 // Package finalize is the Finalize function: on a finished message it
 // discovers every checkpoint the run wrote (Ray Train's layout in the
-// bucket), writes the terminal record, publishes the terminal CloudEvent,
-// and hands the cluster to the next queued run or scales its workers to
-// zero. Running it twice publishes nothing new.
+// bucket), writes the terminal record, hands the cluster to the next queued
+// run or scales its workers to zero, and publishes the terminal CloudEvent.
+// Running it twice publishes nothing new.
 package finalize
 
 import (
