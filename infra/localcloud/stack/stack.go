@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,6 +96,7 @@ type Stack struct {
 	funcs     map[string]*function
 	crashMu   sync.Mutex
 	crashes   []*crashPlan
+	killed    []Crash // every crash plan that fired
 	paused    atomic.Bool
 	stopping  atomic.Bool
 	ownState  bool // StateDir was made by Start: removed by Stop unless kept
@@ -504,8 +506,20 @@ func (s *Stack) crashHook(r faults.Request) {
 	}
 	s.funcs[fire.fn].kill()
 	s.opts.Log.Warn("function killed mid-handler", "function", fire.fn, "after", r.Method+" "+r.Path)
-	fire.done <- Crash{Function: fire.fn, After: r.Method + " " + r.Path, At: time.Now()}
+	c := Crash{Function: fire.fn, After: r.Method + " " + r.Path, At: time.Now()}
+	s.crashMu.Lock()
+	s.killed = append(s.killed, c)
+	s.crashMu.Unlock()
+	fire.done <- c
 	close(fire.fired)
+}
+
+// Kills lists every crash plan that fired, in order. A kill ends every
+// delivery the process was handling, not only the one whose write fired it.
+func (s *Stack) Kills() []Crash {
+	s.crashMu.Lock()
+	defer s.crashMu.Unlock()
+	return slices.Clone(s.killed)
 }
 
 // PauseTicks stops (true) or resumes (false) the scheduler ticker.
