@@ -12,7 +12,11 @@
 package raydrop
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
+	"github.com/cloudevents/sdk-go/v2/event"
 	// The buildpack's generated main imports funcframework; importing it here
 	// keeps the deployed dependency graph identical to the tested one.
 	_ "github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
@@ -21,11 +25,24 @@ import (
 	"github.com/raydrop/raydrop/functions/monitor"
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
+	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
+// serve holds each function's entry point by its name in the wiring table
+// (pipeline.Functions), which says what the entry point is called.
+var serve = map[string]func(context.Context, event.Event) error{
+	"provision": provision.Serve,
+	"submit":    submit.Serve,
+	"monitor":   monitor.Serve,
+	"finalize":  finalize.Serve,
+}
+
 func init() {
-	functions.CloudEvent("Provision", provision.Serve)
-	functions.CloudEvent("Submit", submit.Serve)
-	functions.CloudEvent("Monitor", monitor.Serve)
-	functions.CloudEvent("Finalize", finalize.Serve)
+	for _, f := range pipeline.Functions {
+		fn, ok := serve[f.Name]
+		if !ok {
+			panic(fmt.Sprintf("function %s of the wiring table has no handler", f.Name))
+		}
+		functions.CloudEvent(f.EntryPoint, fn)
+	}
 }

@@ -8,7 +8,6 @@ package finalize
 import (
 	"context"
 	"errors"
-	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -19,11 +18,12 @@ import (
 )
 
 // Handler handles finished messages.
-type Handler struct{ *pipeline.Deps }
+type Handler struct{ Deps *pipeline.Deps }
 
 // Handle finalizes the run the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
-	_, rec, err := h.StepRun(ctx, e)
+	d := h.Deps
+	_, rec, err := d.StepRun(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -36,7 +36,7 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		// An earlier delivery ended it and died before announcing it (the
 		// sweep resends such runs here); finish what it left.
 	default:
-		h.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
+		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
 	}
 	// The cluster first, the event last: until the event has gone out the
@@ -45,7 +45,14 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if err := h.release(ctx, rec); err != nil {
 		return err
 	}
-	_, err = h.Announce(ctx, rec, eventPhase(rec.Phase))
+	if rec.Phase != runs.Rejected && !rec.WasPublished(runs.Accepted) {
+		// A run cancelled before the delivery that recorded it announced
+		// it: subscribers get accepted before its end, as for every run.
+		if rec, err = d.Announce(ctx, rec, runs.Accepted); err != nil {
+			return err
+		}
+	}
+	_, err = d.Announce(ctx, rec, rec.Phase)
 	return err
 }
 
@@ -54,37 +61,19 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record) (*runs.Record,
 	res := &checkpoints.Result{Checkpoints: []checkpoints.Checkpoint{}}
 	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
 		bucket, exp := pipeline.Experiment(rec, n)
-		r, err := checkpoints.Discover(ctx, h.Objects.Bucket(bucket), exp)
+		r, err := checkpoints.Discover(ctx, h.Deps.Objects.Bucket(bucket), exp)
 		if err != nil {
 			return nil, err
 		}
 		merge(res, r)
 	}
-	phase, reason := runs.Failed, rec.Reason
-	switch rec.Outcome {
-	case pipeline.OutcomeSucceeded:
-		phase = runs.Succeeded
-		if res.Latest == nil {
-			phase, reason = runs.Failed, "the job succeeded but wrote no complete checkpoint (adapter files missing)"
-		}
-	case pipeline.OutcomeCancelled:
-		phase = runs.Cancelled
-	}
-	if reason == "" && phase == runs.Failed {
-		reason = "failed"
-	}
-	rec, err := h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if r.Phase != runs.Finishing {
-			return runs.ErrNoChange
-		}
-		r.Result, r.Reason = res, reason
-		r.Enter(phase, h.Time())
-		return nil
+	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		return r.MarkEnded(res, h.Deps.Time())
 	})
 	if err != nil {
 		return nil, err
 	}
-	h.Log.Info("run_ended", "run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "checkpoints", len(res.Checkpoints))
+	h.Deps.Log.Info("run_ended", "run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "message", rec.Message, "checkpoints", len(res.Checkpoints))
 	return rec, nil
 }
 
@@ -115,22 +104,20 @@ func better(a, b *checkpoints.Checkpoint) bool {
 	return aok && (!bok || al < bl)
 }
 
-// eventPhase is the public event name of a terminal phase.
-func eventPhase(p runs.Phase) string { return strings.ToLower(string(p)) }
-
 // release gives the cluster up: the first queued run gets it, else the
 // workers go to zero. A cancelled run's RayJob is deleted first, in case it
 // was created after the cancellation was recorded.
 func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
+	d := h.Deps
 	if rec.Cluster == "" {
 		return nil
 	}
 	if rec.Phase == runs.Cancelled && rec.Attempt > 0 {
-		if err := h.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
+		if err := d.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
 			return err
 		}
 	}
-	lease, next, err := h.Leases.Release(ctx, rec.Namespace, rec.Cluster, rec.RunID)
+	lease, next, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, rec.RunID)
 	if err != nil {
 		return err
 	}
@@ -140,25 +127,25 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 			return err
 		}
 		if waiting {
-			h.Log.Info("cluster_handed_over", "run_id", rec.RunID, "cluster", rec.Cluster, "next_run_id", next)
-			return h.StartAttempt(ctx, next, 1, "", "")
+			d.Log.Info("cluster_handed_over", "run_id", rec.RunID, "cluster", rec.Cluster, "next_run_id", next)
+			return d.StartAttempt(ctx, next, 1, "", "")
 		}
 		// The next run no longer waits (it ended, cancelled while queued,
 		// or its record is gone): pass the cluster on.
-		h.Log.Info("lease_released", "run_id", next, "cluster", rec.Cluster, "why", "no longer waiting")
-		if lease, next, err = h.Leases.Release(ctx, rec.Namespace, rec.Cluster, next); err != nil {
+		d.Log.Info("lease_released", "run_id", next, "cluster", rec.Cluster, "why", "no longer waiting")
+		if lease, next, err = d.Leases.Release(ctx, rec.Namespace, rec.Cluster, next); err != nil {
 			return err
 		}
 	}
 	if lease.Holder != "" {
 		return nil // this run never held the cluster; its holder keeps the workers
 	}
-	changed, err := h.ScaleToZero(ctx, rec.Namespace, rec.Cluster)
+	changed, err := d.ScaleToZero(ctx, rec.Namespace, rec.Cluster)
 	if err != nil {
 		return err
 	}
 	if changed {
-		h.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
+		d.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
 	}
 	return nil
 }
@@ -167,7 +154,7 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 // still waits for it, or has it already. A run that is ending (FINISHING)
 // keeps the lease; its own finalize passes it on.
 func (h *Handler) waiting(ctx context.Context, runID string) (bool, error) {
-	rec, err := h.Runs.Get(ctx, runID)
+	rec, err := h.Deps.Runs.Get(ctx, runID)
 	if errors.Is(err, runs.ErrNotFound) {
 		return false, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"github.com/raydrop/raydrop/functions/monitor"
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -52,6 +54,9 @@ type world struct {
 	events []event.Event  // public events, decoded
 	drop   map[string]int // topic → messages to drop (a lost message)
 	seq    int
+	// current is the function handling the event being delivered: every
+	// message it publishes must go to a topic the wiring table lists for it.
+	current *pipeline.Function
 }
 
 type msg struct {
@@ -80,9 +85,9 @@ func newWorld(t *testing.T) *world {
 	clock := func() time.Time { return w.now }
 	b := w.gcs.Bucket(intake)
 	w.deps = &pipeline.Deps{
-		Config: cfg, Runs: &runs.Store{Bucket: b, Now: clock}, Objects: &pipeline.GCS{Client: w.gcs},
-		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Now: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
-		Now: clock,
+		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &pipeline.GCS{Client: w.gcs},
+		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
+		Clock: clock,
 	}
 	out := io.Discard
 	if testing.Verbose() {
@@ -125,6 +130,9 @@ func (w *world) Publish(_ context.Context, topic string, data []byte, attrs map[
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sent[topic]++
+	if f := w.current; f != nil && !w.publishes(*f, topic) {
+		w.t.Errorf("%s published to %s, which the wiring table (pipeline.Functions) does not list for it", f.Name, topic)
+	}
 	if topic == w.deps.Config.Topics.Events {
 		e := event.New()
 		e.SetID(attrs["ce-id"])
@@ -152,25 +160,68 @@ func (w *world) pubsubEvent(topic string, data []byte, attrs map[string]string) 
 	return e
 }
 
-// deliver runs one event through the function subscribed to topic and
-// returns the handler's error as it is. The platform would acknowledge a
-// permanent error and drop the event, so a permanent error fails every
-// caller that does not expect exactly that: a dropped step cannot pass.
+// publishes reports whether the wiring table lets f publish to topic.
+func (w *world) publishes(f pipeline.Function, topic string) bool {
+	for _, k := range f.Publishes {
+		if w.deps.Config.Topics.Name(k) == topic {
+			return true
+		}
+	}
+	return false
+}
+
+// function is the function of the wiring table that topic delivers to: a
+// topic's name, or "intake" and "marks" for the intake and checkpoint
+// buckets' object notifications.
+func (w *world) function(topic string) (pipeline.Function, bool) {
+	for _, f := range pipeline.Functions {
+		for _, tr := range f.Triggers {
+			switch {
+			case tr.Topic != "" && w.deps.Config.Topics.Name(tr.Topic) == topic,
+				tr.Bucket == pipeline.BucketIntake && topic == "intake",
+				tr.Bucket == pipeline.BucketArtifacts && topic == "marks":
+				return f, true
+			}
+		}
+	}
+	return pipeline.Function{}, false
+}
+
+// handler is the handler of a function of the wiring table.
+func (w *world) handler(name string) interface {
+	Handle(context.Context, event.Event) error
+} {
+	switch name {
+	case "provision":
+		return &provision.Handler{Deps: w.deps}
+	case "submit":
+		return &submit.Handler{Deps: w.deps}
+	case "monitor":
+		return &monitor.Handler{Deps: w.deps}
+	case "finalize":
+		return &finalize.Handler{Deps: w.deps}
+	}
+	w.t.Fatalf("function %s of the wiring table has no handler in the flow tests", name)
+	return nil
+}
+
+// deliver runs one event through the function the wiring table subscribes
+// to topic and returns the handler's error as it is. The platform would
+// acknowledge a permanent error and drop the event, so a permanent error
+// fails every caller that does not expect exactly that: a dropped step
+// cannot pass.
 func (w *world) deliver(topic string, e event.Event) error {
-	t := w.deps.Config.Topics
-	var err error
-	switch topic {
-	case t.Requests, "intake":
-		err = (&provision.Handler{Deps: w.deps}).Handle(w.ctx, e)
-	case t.Provisioned:
-		err = (&submit.Handler{Deps: w.deps}).Handle(w.ctx, e)
-	case t.Submitted, t.Ticks, "marks":
-		err = (&monitor.Handler{Deps: w.deps}).Handle(w.ctx, e)
-	case t.Finished:
-		err = (&finalize.Handler{Deps: w.deps}).Handle(w.ctx, e)
-	default:
+	f, ok := w.function(topic)
+	if !ok {
 		w.t.Fatalf("no function on topic %s", topic)
 	}
+	w.mu.Lock()
+	w.current = &f
+	w.mu.Unlock()
+	err := w.handler(f.Name).Handle(w.ctx, e)
+	w.mu.Lock()
+	w.current = nil
+	w.mu.Unlock()
 	if pipeline.IsPermanent(err) {
 		return fmt.Errorf("permanent error, the event would be dropped: %w", err)
 	}
@@ -301,6 +352,22 @@ func (w *world) count(eventType string) int {
 	return n
 }
 
+// types lists the public events of a run, in the order they went out, by
+// the phase they announce.
+func (w *world) types(runID string) []string {
+	var out []string
+	for _, e := range w.events {
+		var d struct {
+			RunID string `json:"runId"`
+		}
+		_ = json.Unmarshal(e.Data(), &d)
+		if d.RunID == runID {
+			out = append(out, strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1."))
+		}
+	}
+	return out
+}
+
 func (w *world) rayJobs() int {
 	l, err := w.ray.RayV1().RayJobs("default").List(w.ctx, metav1.ListOptions{})
 	if err != nil {
@@ -364,7 +431,7 @@ func TestSuccessWithDuplicateDeliveries(t *testing.T) {
 
 	r := w.record(runID)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("phase %s (%s), want SUCCEEDED", r.Phase, r.Reason)
+		t.Fatalf("phase %s (%s), want SUCCEEDED", r.Phase, r.Message)
 	}
 	if w.rayJobs() != 1 || w.count("accepted") != 1 || w.count("running") != 1 || w.count("succeeded") != 1 {
 		t.Errorf("rayjobs %d accepted %d running %d succeeded %d; want 1 each", w.rayJobs(), w.count("accepted"), w.count("running"), w.count("succeeded"))
@@ -499,8 +566,8 @@ func TestApplicationFailureIsNotRetried(t *testing.T) {
 	w.writeLayout(runID, 1, 0, "failed")
 	w.tick()
 	r := w.record(runID)
-	if r.Phase != runs.Failed || r.Attempt != 1 || !strings.Contains(r.Reason, "ValueError: bad data") || w.count("failed") != 1 || w.workers() != 0 {
-		t.Errorf("phase %s attempt %d reason %q failed events %d workers %d", r.Phase, r.Attempt, r.Reason, w.count("failed"), w.workers())
+	if r.Phase != runs.Failed || r.Attempt != 1 || r.Reason != runs.ApplicationError || !strings.Contains(r.Message, "ValueError: bad data") || w.count("failed") != 1 || w.workers() != 0 {
+		t.Errorf("phase %s attempt %d reason %s %q failed events %d workers %d", r.Phase, r.Attempt, r.Reason, r.Message, w.count("failed"), w.workers())
 	}
 }
 
@@ -518,8 +585,8 @@ func TestDeadlineAndLostFinished(t *testing.T) {
 	w.now = w.now.Add(2 * time.Minute)
 	w.tick() // the sweep resends finished
 	r := w.record(runID)
-	if r.Phase != runs.Failed || !strings.Contains(r.Reason, "deadline") || w.rayJobs() != 0 || w.count("failed") != 1 || w.workers() != 0 {
-		t.Errorf("phase %s reason %q rayjobs %d failed events %d workers %d", r.Phase, r.Reason, w.rayJobs(), w.count("failed"), w.workers())
+	if r.Phase != runs.Failed || r.Reason != runs.DeadlineExceeded || w.rayJobs() != 0 || w.count("failed") != 1 || w.workers() != 0 {
+		t.Errorf("phase %s reason %s rayjobs %d failed events %d workers %d", r.Phase, r.Reason, w.rayJobs(), w.count("failed"), w.workers())
 	}
 }
 
@@ -598,7 +665,7 @@ func TestCancelWhileQueued(t *testing.T) {
 	}
 	w.cancel(b)
 	if r := w.record(b); r.Phase != runs.Cancelled || w.count("cancelled") != 1 {
-		t.Fatalf("queued run after cancel: phase %s (%s), %d cancelled events; want CANCELLED, 1", r.Phase, r.Reason, w.count("cancelled"))
+		t.Fatalf("queued run after cancel: phase %s (%s), %d cancelled events; want CANCELLED, 1", r.Phase, r.Message, w.count("cancelled"))
 	}
 	if l := w.lease(); l.Holder != a || len(l.Queue) != 0 {
 		t.Fatalf("lease %+v after the queued run was cancelled, want held by %s, nobody queued", l, a)
@@ -610,7 +677,7 @@ func TestCancelWhileQueued(t *testing.T) {
 	}
 	c := w.admit("jobs/c.json", example(t))
 	if r := w.record(c); r.Phase != runs.Submitted {
-		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Reason)
+		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Message)
 	}
 	w.runToSuccess(c, 1)
 	if r := w.record(c); r.Phase != runs.Succeeded || w.workers() != 0 || w.count("cancelled") != 2 || w.count("succeeded") != 1 {
@@ -619,13 +686,19 @@ func TestCancelWhileQueued(t *testing.T) {
 }
 
 // TestCancelWhileAccepted: a run cancelled before it was admitted (its
-// record ACCEPTED, no attempt) ends CANCELLED and takes no cluster.
+// record ACCEPTED, no attempt) ends CANCELLED and takes no cluster. Its
+// intake delivery died before announcing it, so finalize announces it
+// first: subscribers get accepted, then cancelled, as for every run.
 func TestCancelWhileAccepted(t *testing.T) {
 	w := newWorld(t)
 	rec := w.stalled("accepted-then-cancelled")
+	w.now = w.now.Add(pipeline.ClaimFor + time.Second) // the dead delivery's claim expired
 	w.cancel(rec.RunID)
-	if r := w.record(rec.RunID); r.Phase != runs.Cancelled || w.count("cancelled") != 1 || w.rayJobs() != 0 {
-		t.Fatalf("phase %s (%s), cancelled events %d, rayjobs %d; want CANCELLED, 1, 0", r.Phase, r.Reason, w.count("cancelled"), w.rayJobs())
+	if r := w.record(rec.RunID); r.Phase != runs.Cancelled || r.Reason != runs.ReasonCancelled || w.count("cancelled") != 1 || w.rayJobs() != 0 {
+		t.Fatalf("phase %s (%s: %s), cancelled events %d, rayjobs %d; want CANCELLED (Cancelled), 1, 0", r.Phase, r.Reason, r.Message, w.count("cancelled"), w.rayJobs())
+	}
+	if got := w.types(rec.RunID); !slices.Equal(got, []string{"accepted", "cancelled"}) {
+		t.Errorf("events %v, want accepted then cancelled", got)
 	}
 	if l := w.lease(); l.Holder != "" || len(l.Queue) != 0 {
 		t.Errorf("lease %+v after a cancelled accepted run, want free", l)
@@ -656,7 +729,7 @@ func TestQueuedRunCancelledWhileItsFinishIsLost(t *testing.T) {
 		t.Fatalf("cancelled run %s, %d cancelled events; want CANCELLED, 1", r.Phase, w.count("cancelled"))
 	}
 	if r := w.record(c); r.Phase != runs.Submitted {
-		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Reason)
+		t.Fatalf("third run %s (%s), want SUBMITTED", r.Phase, r.Message)
 	}
 	w.runToSuccess(c, 1)
 	if r := w.record(c); r.Phase != runs.Succeeded || w.workers() != 0 {
@@ -678,13 +751,12 @@ func TestEndedRunAnnouncedAfterFinalizeDied(t *testing.T) {
 	w.drop[w.deps.Config.Topics.Finished] = 1
 	w.tick() // FINISHING; the finished message is lost
 	if _, err := w.deps.Runs.Update(w.ctx, runID, func(r *runs.Record) error {
-		r.Enter(runs.Succeeded, w.now) // what finalize wrote before it died
-		return nil
+		// what finalize wrote before it died
+		return r.MarkEnded(&checkpoints.Result{Latest: &checkpoints.Checkpoint{Name: "checkpoint_000002"}}, w.now)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rejected := &runs.Record{APIVersion: spec.APIVersion, RunID: "rejected-unannounced", Name: "bad", Source: "gs://intake/jobs/bad.json#1", Reason: "invalid job spec"}
-	rejected.Enter(runs.Rejected, w.now)
+	rejected := runs.NewRecord("rejected-unannounced", "gs://intake/jobs/bad.json#1", "bad", nil, spec.Problems{{Path: "$", Message: "not JSON"}}, w.now)
 	if err := w.deps.Runs.Create(w.ctx, rejected); err != nil {
 		t.Fatal(err)
 	}
@@ -715,12 +787,43 @@ func (w *world) stalled(runID string) *runs.Record {
 		w.t.Fatal(err)
 	}
 	now := w.deps.Time()
-	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: runID, Name: s.Name, Source: "gs://intake/jobs/" + runID + ".json#1",
-		Spec: s, SpecHash: s.Hash(), Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace,
-		Publishing: map[runs.Phase]time.Time{runs.Accepted: now}}
-	rec.Enter(runs.Accepted, now)
+	rec := runs.NewRecord(runID, "gs://intake/jobs/"+runID+".json#1", s.Name, s, nil, now)
+	rec.Publishing = map[runs.Phase]time.Time{runs.Accepted: now}
 	if err := w.deps.Runs.Create(w.ctx, rec); err != nil {
 		w.t.Fatal(err)
 	}
 	return rec
+}
+
+// TestTimingsCountEveryAttempt: a retried run's time in each phase adds up
+// every entry into it, so the second attempt's wait in SUBMITTED counts as
+// SUBMITTED, not as RUNNING.
+func TestTimingsCountEveryAttempt(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/t.json", example(t))
+	w.now = w.now.Add(5 * time.Minute)
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.now = w.now.Add(time.Hour)
+	w.writeLayout(runID, 1, 1, "")
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	w.tick() // retried: attempt 2 SUBMITTED
+	w.now = w.now.Add(10 * time.Minute)
+	w.setJob(runID, 2, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	w.now = w.now.Add(30 * time.Minute)
+	w.writeLayout(runID, 2, 3, "succeeded")
+	w.tick()
+	var data struct {
+		Timings map[string]float64 `json:"timings"`
+	}
+	if err := json.Unmarshal(w.events[len(w.events)-1].Data(), &data); err != nil || w.record(runID).Phase != runs.Succeeded {
+		t.Fatalf("phase %s, last event %v: %v", w.record(runID).Phase, w.events[len(w.events)-1].Type(), err)
+	}
+	want := map[string]float64{"ACCEPTED": 0, "PROVISIONED": 0, "SUBMITTED": 15 * 60, "RUNNING": 90 * 60, "FINISHING": 0, "total": 105 * 60}
+	for k, v := range want {
+		if data.Timings[k] != v {
+			t.Errorf("timings[%s] = %v, want %v (all: %v)", k, data.Timings[k], v, data.Timings)
+		}
+	}
 }

@@ -12,6 +12,6 @@ import (
 // event.
 func Serve(ctx context.Context, e event.Event) error {
 	return pipeline.Serve(ctx, "monitor", pipeline.Default, func(ctx context.Context, d *pipeline.Deps) error {
-		return (&Handler{d}).Handle(ctx, e)
+		return (&Handler{Deps: d}).Handle(ctx, e)
 	})
 }

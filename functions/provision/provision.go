@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -23,7 +24,7 @@ import (
 )
 
 // Handler handles intake events.
-type Handler struct{ *pipeline.Deps }
+type Handler struct{ Deps *pipeline.Deps }
 
 // Handle handles one event; see the package comment.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
@@ -42,8 +43,8 @@ func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
 	if err != nil {
 		return err
 	}
-	if o.Bucket != h.Config.IntakeBucket {
-		h.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not the intake bucket")
+	if o.Bucket != h.Deps.Config.IntakeBucket {
+		h.Deps.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not the intake bucket")
 		return nil
 	}
 	if id, ok := strings.CutPrefix(o.Name, "cancel/"); ok && !strings.Contains(id, "/") {
@@ -52,22 +53,22 @@ func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
 	// Only jobs/<name>.json starts a run: everything the pipeline writes
 	// itself (runs/, clusters/) and anything else is ignored, so nothing loops.
 	if ok, _ := path.Match("jobs/*.json", o.Name); !ok {
-		h.Log.Debug("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not jobs/*.json")
+		h.Deps.Log.Debug("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not jobs/*.json")
 		return nil
 	}
 	runID := names.RunIDFromObject(o.Bucket, o.Name, int64(o.Generation))
 	source := fmt.Sprintf("gs://%s/%s#%d", o.Bucket, o.Name, o.Generation)
-	data, _, err := h.Objects.Read(ctx, o.Bucket, o.Name, spec.MaxBytes)
+	data, _, err := h.Deps.Objects.Read(ctx, o.Bucket, o.Name, spec.MaxBytes)
 	switch {
 	case errors.Is(err, checkpoints.ErrNotFound):
-		h.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "deleted before it was read")
+		h.Deps.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "deleted before it was read")
 		return nil
 	case errors.Is(err, pipeline.ErrTooLarge):
 		data = nil // Parse reports the size problem below
 	case err != nil:
 		return err
 	}
-	return h.admit(ctx, runID, source, names.SpecName(o.Name), data, int64(o.Size))
+	return h.intake(ctx, runID, source, names.SpecName(o.Name), data, int64(o.Size))
 }
 
 func (h *Handler) fromMessage(ctx context.Context, e event.Event) error {
@@ -90,47 +91,48 @@ func (h *Handler) fromMessage(ctx context.Context, e event.Event) error {
 		runID = names.RunIDFromMessage(pipeline.TopicOf(e), m.Message.MessageID)
 	}
 	source := fmt.Sprintf("pubsub:%s#%s", pipeline.TopicOf(e), m.Message.MessageID)
-	return h.admit(ctx, runID, source, "request", m.Message.Data, int64(len(m.Message.Data)))
+	return h.intake(ctx, runID, source, "request", m.Message.Data, int64(len(m.Message.Data)))
 }
 
-// admit creates the run record (REJECTED for a bad spec), announces it, and
-// takes the cluster or queues behind its holder. Every step is idempotent,
-// so a redelivery carries on where an earlier delivery stopped.
-func (h *Handler) admit(ctx context.Context, runID, source, defaultName string, data []byte, size int64) error {
-	rec, err := h.Runs.Get(ctx, runID)
+// intake creates the run record (REJECTED for a bad spec), announces it,
+// and takes the cluster or queues behind its holder. Every step is
+// idempotent, so a redelivery carries on where an earlier delivery stopped.
+func (h *Handler) intake(ctx context.Context, runID, source, defaultName string, data []byte, size int64) error {
+	d := h.Deps
+	rec, err := d.Runs.Get(ctx, runID)
 	if errors.Is(err, runs.ErrNotFound) {
-		rec = newRecord(runID, source, defaultName, data, size, h.Deps)
-		if err := h.Runs.Create(ctx, rec); errors.Is(err, runs.ErrExists) {
-			rec, err = h.Runs.Get(ctx, runID)
+		rec = newRecord(runID, source, defaultName, data, size, d.Time())
+		if err := d.Runs.Create(ctx, rec); errors.Is(err, runs.ErrExists) {
+			rec, err = d.Runs.Get(ctx, runID)
 			if err != nil {
 				return err
 			}
 		} else if err != nil {
 			return err
 		} else if rec.Phase == runs.Rejected {
-			h.Log.Warn("spec_rejected", "run_id", runID, "source", source, "problems", len(rec.Problems), "reason", rec.Reason)
+			d.Log.Warn("spec_rejected", "run_id", runID, "source", source, "problems", len(rec.Problems), "message", rec.Message)
 		} else {
-			h.Log.Info("run_accepted", "run_id", runID, "source", source, "name", rec.Name)
+			d.Log.Info("run_accepted", "run_id", runID, "source", source, "name", rec.Name)
 		}
 	} else if err != nil {
 		return err
 	}
 	if rec.Phase == runs.Rejected {
-		_, err := h.Announce(ctx, rec, "rejected")
+		_, err := d.Announce(ctx, rec, runs.Rejected)
 		return err
 	}
-	if rec, err = h.Announce(ctx, rec, "accepted"); err != nil {
+	if rec, err = d.Announce(ctx, rec, runs.Accepted); err != nil {
 		return err
 	}
 	if rec.Phase != runs.Accepted {
 		return nil // admitted by an earlier delivery
 	}
-	return h.Admit(ctx, rec)
+	return d.Admit(ctx, rec)
 }
 
-func newRecord(runID, source, defaultName string, data []byte, size int64, d *pipeline.Deps) *runs.Record {
-	now := d.Time()
-	rec := &runs.Record{APIVersion: spec.APIVersion, RunID: runID, Name: defaultName, Source: source}
+// newRecord is the record of a new run: ACCEPTED with its parsed spec, or
+// REJECTED with every problem of its spec.
+func newRecord(runID, source, defaultName string, data []byte, size int64, now time.Time) *runs.Record {
 	var s *spec.JobSpec
 	var err error
 	if data == nil && size > spec.MaxBytes {
@@ -138,49 +140,35 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, d *pi
 	} else {
 		s, err = spec.Parse(data)
 	}
+	var ps spec.Problems
+	if err != nil && !errors.As(err, &ps) {
+		ps = spec.Problems{{Path: "$", Message: err.Error()}}
+	}
 	if err != nil {
-		var ps spec.Problems
-		if !errors.As(err, &ps) {
-			ps = spec.Problems{{Path: "$", Message: err.Error()}}
-		}
-		rec.Problems = ps
-		rec.Reason = fmt.Sprintf("invalid job spec: %d problem(s); first: %s", len(ps), ps[0])
-		rec.Enter(runs.Rejected, now)
-		return rec
+		s = nil
 	}
-	if s.Name == "" {
-		s.Name = defaultName
-	}
-	rec.Spec, rec.Name, rec.SpecHash = s, s.Name, s.Hash()
-	rec.Cluster, rec.Namespace = s.Cluster.Name, s.Cluster.Namespace
-	rec.Enter(runs.Accepted, now)
-	return rec
+	return runs.NewRecord(runID, source, defaultName, s, ps, now)
 }
 
 // cancel records a cancellation request and asks the monitor to act on it
 // now; the sweep acts on it otherwise.
 func (h *Handler) cancel(ctx context.Context, runID, from string) error {
+	d := h.Deps
 	if spec.CheckRunID(runID) != "" {
 		return pipeline.Permanent(fmt.Errorf("cancellation from %s names no valid run id (%q)", from, runID))
 	}
-	rec, err := h.GetRun(ctx, runID)
+	rec, err := d.GetRun(ctx, runID)
 	if err != nil {
 		return err
 	}
 	if rec.Phase.Terminal() {
-		h.Log.Info("cancel_ignored", "run_id", runID, "phase", rec.Phase)
+		d.Log.Info("cancel_ignored", "run_id", runID, "phase", rec.Phase)
 		return nil
 	}
-	rec, err = h.Runs.Update(ctx, runID, func(r *runs.Record) error {
-		if r.CancelRequested || r.Phase.Terminal() {
-			return runs.ErrNoChange
-		}
-		r.CancelRequested = true
-		return nil
-	})
+	rec, err = d.Runs.Update(ctx, runID, func(r *runs.Record) error { return r.MarkCancelRequested() })
 	if err != nil {
 		return err
 	}
-	h.Log.Info("cancel_requested", "run_id", runID, "from", from)
-	return h.Send(ctx, h.Config.Topics.Submitted, pipeline.Step{RunID: runID, Attempt: rec.Attempt})
+	d.Log.Info("cancel_requested", "run_id", runID, "from", from)
+	return d.Send(ctx, d.Config.Topics.Submitted, pipeline.Step{RunID: runID, Attempt: rec.Attempt})
 }

@@ -15,20 +15,21 @@ import (
 )
 
 // Handler handles provisioned messages.
-type Handler struct{ *pipeline.Deps }
+type Handler struct{ Deps *pipeline.Deps }
 
 // Handle creates the RayJob for the attempt the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
-	step, rec, err := h.StepRun(ctx, e)
+	d := h.Deps
+	step, rec, err := d.StepRun(ctx, e)
 	if err != nil {
 		return err
 	}
 	if rec.Attempt != step.Attempt || rec.Phase != runs.Provisioned {
-		h.Log.Info("duplicate_ignored", "run_id", step.RunID, "attempt", step.Attempt, "phase", rec.Phase, "record_attempt", rec.Attempt)
+		d.Log.Info("duplicate_ignored", "run_id", step.RunID, "attempt", step.Attempt, "phase", rec.Phase, "record_attempt", rec.Attempt)
 		return nil
 	}
 	if rec.CancelRequested {
-		return h.Finish(ctx, rec.RunID, rec.Attempt, pipeline.OutcomeCancelled, "cancelled before the job started")
+		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the job started"})
 	}
 	run := manifests.Run{ID: rec.RunID, Attempt: rec.Attempt, Source: rec.Source, SpecHash: rec.SpecHash}
 	if a := rec.CurrentAttempt(); a != nil {
@@ -38,18 +39,14 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		return pipeline.Permanent(err)
 	}
 	job := manifests.RayJob(rec.Spec, run)
-	if err := h.CreateRayJob(ctx, job); err != nil {
+	if err := d.CreateRayJob(ctx, job); err != nil {
 		return err
 	}
 	changed := false
-	rec, err = h.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if r.Attempt != step.Attempt || r.Phase != runs.Provisioned {
-			changed = false
-			return runs.ErrNoChange
-		}
-		r.Enter(runs.Submitted, h.Time())
-		changed = true
-		return nil
+	rec, err = d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		err := r.MarkSubmitted(step.Attempt, d.Time())
+		changed = err == nil
+		return err
 	})
 	if err != nil {
 		return err
@@ -57,9 +54,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if !changed {
 		// A concurrent delivery recorded the submission (and sent the
 		// submitted message) first.
-		h.Log.Info("duplicate_ignored", "run_id", rec.RunID, "attempt", step.Attempt, "phase", rec.Phase)
+		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "attempt", step.Attempt, "phase", rec.Phase)
 		return nil
 	}
-	h.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
-	return h.Send(ctx, h.Config.Topics.Submitted, step)
+	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
+	return d.Send(ctx, d.Config.Topics.Submitted, step)
 }

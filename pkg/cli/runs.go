@@ -251,6 +251,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Reason != "" {
 		fmt.Fprintf(tw, "reason\t%s\n", r.Reason)
 	}
+	if r.Message != "" {
+		fmt.Fprintf(tw, "message\t%s\n", r.Message)
+	}
 	fmt.Fprintf(tw, "source\t%s\n", r.Source)
 	if r.Cluster != "" {
 		fmt.Fprintf(tw, "cluster\t%s/%s\n", r.Namespace, r.Cluster)

@@ -112,8 +112,8 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 				lastEntered = t
 			}
 			fmt.Fprintf(e.stdout, "%s  %s", time.Now().Format(time.TimeOnly), r.Phase)
-			if r.Reason != "" && !r.Phase.Terminal() {
-				fmt.Fprintf(e.stdout, "  %s", r.Reason)
+			if r.Message != "" && !r.Phase.Terminal() {
+				fmt.Fprintf(e.stdout, "  %s", r.Message)
 			}
 			fmt.Fprintln(e.stdout)
 			lastPhase, lastLine = r.Phase, ""
@@ -174,7 +174,7 @@ func finished(e *env, r *runs.Record) int {
 		}
 		return ExitOK
 	}
-	fmt.Fprintf(e.stderr, "run %s ended %s: %s\n", r.RunID, r.Phase, r.Reason)
+	fmt.Fprintf(e.stderr, "run %s ended %s (%s): %s\n", r.RunID, r.Phase, r.Reason, r.Message)
 	for _, p := range r.Problems {
 		fmt.Fprintf(e.stderr, "  %s\n", p)
 	}

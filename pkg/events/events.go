@@ -12,32 +12,53 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // TypePrefix starts every event type.
 const TypePrefix = "dev.raydrop.run.v1."
 
-// Phases that have a public event: accepted or rejected first, then queued
-// (only a run that waits for its cluster) and running, then one of
-// succeeded, failed and cancelled. A run cancelled or failed before it ran
-// skips running.
-var Phases = []string{"accepted", "rejected", "queued", "running", "succeeded", "failed", "cancelled"}
+// Phases that have a public event, derived from the run's lifecycle
+// (runs.Phases), in the order a run can meet them: accepted (or rejected,
+// which ends it), queued (only a run that waits for its cluster), running,
+// then one of succeeded, failed and cancelled. A run cancelled or failed
+// before it ran skips running.
+var Phases = func() []string {
+	var out []string
+	for _, p := range runs.Phases() {
+		if e := p.Event(); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}()
 
 // Terminal phases carry the run's results.
-var Terminal = map[string]bool{"rejected": true, "succeeded": true, "failed": true, "cancelled": true}
+var Terminal = func() map[string]bool {
+	out := map[string]bool{}
+	for _, p := range runs.Phases() {
+		if p.Terminal() && p.Event() != "" {
+			out[p.Event()] = true
+		}
+	}
+	return out
+}()
 
 // Type is the CloudEvent type of a phase.
 func Type(phase string) string { return TypePrefix + phase }
 
 // Run is the data of every run event. Terminal events fill the result fields.
 type Run struct {
-	RunID    string         `json:"runId"`
-	Name     string         `json:"name"`
-	Source   string         `json:"source"`
-	SpecHash string         `json:"specHash,omitempty"`
-	Phase    string         `json:"phase"`
-	Reason   string         `json:"reason,omitempty"`
+	RunID    string `json:"runId"`
+	Name     string `json:"name"`
+	Source   string `json:"source"`
+	SpecHash string `json:"specHash,omitempty"`
+	Phase    string `json:"phase"`
+	// Reason is why the run is in the phase, for programs (runs.Reasons
+	// lists them); Message says it for people.
+	Reason   runs.Reason    `json:"reason,omitempty"`
+	Message  string         `json:"message,omitempty"`
 	Problems []spec.Problem `json:"problems,omitempty"`
 	Attempt  int            `json:"attempt,omitempty"`
 	Cluster  string         `json:"cluster,omitempty"`

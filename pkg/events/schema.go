@@ -3,6 +3,9 @@ package events
 import (
 	"bytes"
 	"encoding/json"
+	"sort"
+
+	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 // SchemaID is the $id of the schema of a phase's event data.
@@ -13,7 +16,8 @@ func SchemaID(phase string) string {
 // Schema returns the JSON Schema (draft 2020-12) of the data of a phase's
 // event. Every terminal event has its end time; a succeeded event names
 // its checkpoints, the latest and best, final metrics, timings, GPU-hours and
-// cost; a failed, cancelled or rejected one names its reason.
+// cost; a failed, cancelled or rejected one (and a queued one) names its
+// reason and message.
 func Schema(phase string) []byte {
 	checkpoint := map[string]any{
 		"type":                 "object",
@@ -35,7 +39,8 @@ func Schema(phase string) []byte {
 		"source":   str,
 		"specHash": str,
 		"phase":    map[string]any{"const": phase},
-		"reason":   str,
+		"reason":   reasonSchema(),
+		"message":  str,
 		"problems": map[string]any{"type": "array", "items": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"path", "message"},
 			"properties": map[string]any{"path": str, "message": str},
@@ -60,8 +65,8 @@ func Schema(phase string) []byte {
 	case "succeeded":
 		required = append(required, "checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "attempt")
 		props["checkpoints"].(map[string]any)["minItems"] = 1
-	case "failed", "cancelled", "rejected":
-		required = append(required, "reason")
+	case "failed", "cancelled", "rejected", "queued":
+		required = append(required, "reason", "message")
 	}
 	s := map[string]any{
 		"$schema":              "https://json-schema.org/draft/2020-12/schema",
@@ -80,6 +85,21 @@ func Schema(phase string) []byte {
 		panic(err)
 	}
 	return buf.Bytes()
+}
+
+// reasonSchema documents every reason a run event can carry.
+func reasonSchema() map[string]any {
+	rs := runs.Reasons()
+	keys := make([]string, 0, len(rs))
+	for r := range rs {
+		keys = append(keys, string(r))
+	}
+	sort.Strings(keys)
+	var one []any
+	for _, k := range keys {
+		one = append(one, map[string]any{"const": k, "description": rs[runs.Reason(k)]})
+	}
+	return map[string]any{"description": "why the run is in this phase, for programs; message says it for people", "oneOf": one}
 }
 
 func numberMap() map[string]any {

@@ -33,6 +33,9 @@ type Config struct {
 	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
 }
 
+// TopicEnv is the variable that names the topic of a key.
+func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key) }
+
 // LoadConfig reads the configuration from getenv (os.Getenv when nil) and
 // reports every missing or malformed variable at once.
 func LoadConfig(getenv func(string) string) (Config, error) {
@@ -56,18 +59,13 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	c := Config{
 		Project:      need("RAYDROP_PROJECT"),
 		IntakeBucket: need("RAYDROP_INTAKE_BUCKET"),
-		Topics: Topics{
-			Requests:    get("RAYDROP_TOPIC_REQUESTS", "raydrop-requests"),
-			Provisioned: get("RAYDROP_TOPIC_PROVISIONED", "raydrop-provisioned"),
-			Submitted:   get("RAYDROP_TOPIC_SUBMITTED", "raydrop-submitted"),
-			Ticks:       get("RAYDROP_TOPIC_TICKS", "raydrop-ticks"),
-			Finished:    get("RAYDROP_TOPIC_FINISHED", "raydrop-finished"),
-			Events:      get("RAYDROP_TOPIC_EVENTS", "raydrop-events"),
-		},
-		EventSource: get("RAYDROP_EVENT_SOURCE", "//raydrop.dev/raydrop"),
-		Kubeconfig:  get("RAYDROP_KUBECONFIG", ""),
-		GKECluster:  get("RAYDROP_GKE_CLUSTER", ""),
-		EventBus:    get("RAYDROP_EVENT_BUS", ""),
+		EventSource:  get("RAYDROP_EVENT_SOURCE", "//raydrop.dev/raydrop"),
+		Kubeconfig:   get("RAYDROP_KUBECONFIG", ""),
+		GKECluster:   get("RAYDROP_GKE_CLUSTER", ""),
+		EventBus:     get("RAYDROP_EVENT_BUS", ""),
+	}
+	for _, k := range TopicKeys {
+		*c.Topics.field(k) = get(TopicEnv(k), "raydrop-"+k)
 	}
 	if c.Kubeconfig == "" && c.GKECluster == "" {
 		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))

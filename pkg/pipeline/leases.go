@@ -9,6 +9,7 @@ import (
 	"cloud.google.com/go/storage"
 
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
+	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 // Lease says which run holds a RayCluster and which runs wait for it, in
@@ -21,25 +22,30 @@ type Lease struct {
 	Updated time.Time `json:"updated"`
 }
 
-// Leases keeps cluster leases.
+// LeaseStore keeps cluster leases (Leases in production).
+type LeaseStore interface {
+	// Acquire makes runID the holder when the cluster is free (or already
+	// held by runID); otherwise it queues runID once. It returns the lease.
+	Acquire(ctx context.Context, namespace, cluster, runID string) (*Lease, error)
+	// Release takes runID off the lease: a holder hands the cluster to the
+	// first queued run, whose ID it returns as next ("" when none waits, or
+	// when runID did not hold the cluster); a queued run leaves the queue.
+	Release(ctx context.Context, namespace, cluster, runID string) (lease *Lease, next string, err error)
+	// Get reads a lease; a cluster nobody has leased has an empty one.
+	Get(ctx context.Context, namespace, cluster string) (*Lease, error)
+}
+
+// Leases keeps cluster leases in a Cloud Storage bucket.
 type Leases struct {
 	Bucket *storage.BucketHandle
-	Now    func() time.Time
+	Clock  runs.Clock
 }
 
 func (l *Leases) object(namespace, cluster string) *storage.ObjectHandle {
 	return l.Bucket.Object("clusters/" + namespace + "/" + cluster + ".json")
 }
 
-func (l *Leases) now() time.Time {
-	if l.Now != nil {
-		return l.Now().UTC()
-	}
-	return time.Now().UTC()
-}
-
-// Acquire makes runID the holder when the cluster is free (or already
-// held by runID); otherwise it queues runID once. It returns the lease.
+// Acquire implements LeaseStore.
 func (l *Leases) Acquire(ctx context.Context, namespace, cluster, runID string) (*Lease, error) {
 	return gcsdoc.Update(ctx, l.object(namespace, cluster), func(le *Lease, _ bool) error {
 		switch {
@@ -51,14 +57,12 @@ func (l *Leases) Acquire(ctx context.Context, namespace, cluster, runID string) 
 		default:
 			le.Queue = append(le.Queue, runID)
 		}
-		le.Updated = l.now()
+		le.Updated = l.Clock.Now()
 		return nil
 	}, nil)
 }
 
-// Release takes runID off the lease: a holder hands the cluster to the first
-// queued run, whose ID it returns as next ("" when none waits, or when runID
-// did not hold the cluster); a queued run leaves the queue.
+// Release implements LeaseStore.
 func (l *Leases) Release(ctx context.Context, namespace, cluster, runID string) (lease *Lease, next string, err error) {
 	lease, err = gcsdoc.Update(ctx, l.object(namespace, cluster), func(le *Lease, exists bool) error {
 		next = ""
@@ -76,13 +80,13 @@ func (l *Leases) Release(ctx context.Context, namespace, cluster, runID string) 
 		default:
 			return gcsdoc.ErrNoChange
 		}
-		le.Updated = l.now()
+		le.Updated = l.Clock.Now()
 		return nil
 	}, nil)
 	return lease, next, err
 }
 
-// Get reads a lease; a cluster nobody has leased has an empty one.
+// Get implements LeaseStore.
 func (l *Leases) Get(ctx context.Context, namespace, cluster string) (*Lease, error) {
 	var le Lease
 	if _, err := gcsdoc.Read(ctx, l.object(namespace, cluster), &le); err != nil && !errors.Is(err, gcsdoc.ErrNotFound) {

@@ -51,22 +51,19 @@ type Deps struct {
 	Runs      Runs
 	Objects   Objects
 	Publisher Publisher
-	Leases    *Leases
+	Leases    LeaseStore
 	Ray       rayclient.Interface
 	// Kube is the core API group only (the trainer ConfigMaps): the full
 	// clientset would link and initialise every API group of Kubernetes.
 	Kube corev1client.CoreV1Interface
 	Log  *slog.Logger
-	Now  func() time.Time
+	// Clock is the one clock of the pipeline: the run and lease stores
+	// built by NewDeps share it.
+	Clock runs.Clock
 }
 
 // Time is the current time in UTC.
-func (d *Deps) Time() time.Time {
-	if d.Now != nil {
-		return d.Now().UTC()
-	}
-	return time.Now().UTC()
-}
+func (d *Deps) Time() time.Time { return d.Clock.Now() }
 
 // Step is the message that chains the functions: which run, which attempt.
 // Attempt 0 is a run that never got one: a run cancelled while it waited
@@ -127,8 +124,11 @@ var errClaimed = errors.New("another delivery is publishing this event")
 // after Pub/Sub took it. Only a delivery that dies between the two leaves a
 // stale claim, and the next one then publishes again under the same
 // CloudEvent ID, which subscribers can use to drop the copy.
-func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*runs.Record, error) {
-	p := runs.Phase(phaseName(phase))
+func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*runs.Record, error) {
+	phase := p.Event()
+	if phase == "" {
+		return nil, Permanent(fmt.Errorf("phase %s has no public event", p))
+	}
 	if r.WasPublished(p) {
 		return r, nil
 	}
@@ -152,7 +152,7 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*run
 	if r.WasPublished(p) {
 		return r, nil
 	}
-	e, err := events.New(d.Config.EventSource, EventData(r, phase, d.Config), now)
+	e, err := events.New(d.Config.EventSource, EventData(r, p, d.Config), now)
 	if err != nil {
 		return nil, err
 	}
@@ -174,33 +174,16 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, phase string) (*run
 	})
 }
 
-func phaseName(event string) string {
-	switch event {
-	case "accepted":
-		return string(runs.Accepted)
-	case "rejected":
-		return string(runs.Rejected)
-	case "queued":
-		return string(runs.Queued)
-	case "running":
-		return string(runs.Running)
-	case "succeeded":
-		return string(runs.Succeeded)
-	case "failed":
-		return string(runs.Failed)
-	case "cancelled":
-		return string(runs.Cancelled)
-	}
-	return event
-}
-
 // EventData is the data of a run's public event of phase.
-func EventData(r *runs.Record, phase string, cfg Config) events.Run {
+func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 	d := events.Run{
 		RunID: r.RunID, Name: r.Name, Source: r.Source, SpecHash: r.SpecHash,
-		Phase: phase, Reason: r.Reason, Problems: r.Problems, Attempt: r.Attempt, Cluster: r.Cluster,
+		Phase: p.Event(), Problems: r.Problems, Attempt: r.Attempt, Cluster: r.Cluster,
 	}
-	if !events.Terminal[phase] {
+	if p == r.Phase || p.Terminal() {
+		d.Reason, d.Message = r.Reason, r.Message
+	}
+	if !p.Terminal() {
 		return d
 	}
 	end := r.UpdatedAt
@@ -227,32 +210,13 @@ func EventData(r *runs.Record, phase string, cfg Config) events.Run {
 	return d
 }
 
-// timings is the seconds spent in each phase the run went through.
+// timings is the seconds spent in each phase the run went through, every
+// entry counted (a retry's time in PROVISIONED goes to PROVISIONED), and the
+// total.
 func timings(r *runs.Record, end time.Time) map[string]float64 {
-	type entry struct {
-		p runs.Phase
-		t time.Time
-	}
-	var es []entry
-	for p, t := range r.Times {
-		es = append(es, entry{p, t})
-	}
-	for i := range es {
-		for j := i + 1; j < len(es); j++ {
-			if es[j].t.Before(es[i].t) {
-				es[i], es[j] = es[j], es[i]
-			}
-		}
-	}
 	out := map[string]float64{}
-	for i, e := range es {
-		next := end
-		if i+1 < len(es) {
-			next = es[i+1].t
-		}
-		if !e.p.Terminal() {
-			out[string(e.p)] = next.Sub(e.t).Seconds()
-		}
+	for p, d := range r.Durations(end) {
+		out[string(p)] = d.Seconds()
 	}
 	out["total"] = end.Sub(r.CreatedAt).Seconds()
 	return out

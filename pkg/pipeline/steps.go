@@ -13,18 +13,11 @@ import (
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// Outcomes recorded when a RayJob ends, before finalize.
-const (
-	OutcomeSucceeded = "succeeded"
-	OutcomeFailed    = "failed"    // the training code failed, or the run cannot go on
-	OutcomeCancelled = "cancelled" // a user asked
-)
-
 // StartAttempt brings the run's cluster up for attempt n (1 for a new run,
 // n+1 for a retry resuming from resumeFrom), records it as PROVISIONED and
 // sends the provisioned message. It is safe to repeat.
 // For a retry, why the previous attempt ended goes into its record.
-func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom, prevReason string) error {
+func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom, why string) error {
 	rec, err := d.Runs.Get(ctx, runID)
 	if err != nil {
 		return err
@@ -43,23 +36,12 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 		return err
 	}
 	rec, err = d.Runs.Update(ctx, runID, func(r *runs.Record) error {
-		first := n == 1 && (r.Phase == runs.Accepted || r.Phase == runs.Queued)
-		retry := n == r.Attempt+1 && (r.Phase == runs.Submitted || r.Phase == runs.Running)
-		if !first && !retry {
-			return runs.ErrNoChange
-		}
-		if prev := r.CurrentAttempt(); prev != nil && prev.EndedAt == nil {
-			now := d.Time()
-			prev.EndedAt, prev.Outcome, prev.Reason = &now, "retried", prevReason
-		}
-		r.Attempt = n
-		r.Attempts = append(r.Attempts, runs.Attempt{N: n, RayJob: names.RayJob(runID, n), ResumeFrom: resumeFrom, CreatedAt: d.Time()})
-		r.Enter(runs.Provisioned, d.Time())
-		return nil
+		return r.MarkProvisioned(runs.Attempt{N: n, RayJob: names.RayJob(runID, n), ResumeFrom: resumeFrom}, why, d.Time())
 	})
 	if err != nil {
 		return err
 	}
+	// A redelivery finds the attempt started and sends its message again.
 	if rec.Attempt != n || rec.Phase != runs.Provisioned {
 		return nil // another delivery moved it on already
 	}
@@ -69,18 +51,12 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 
 // Finish records how the current attempt ended and sends the run to
 // finalize. It is safe to repeat; only the first outcome counts.
-func (d *Deps) Finish(ctx context.Context, runID string, attempt int, outcome, reason string) error {
+func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.Ending) error {
+	if err := e.Check(); err != nil {
+		return Permanent(err)
+	}
 	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
-		if r.Attempt != attempt || r.Phase.Rank() >= runs.Finishing.Rank() {
-			return runs.ErrNoChange
-		}
-		now := d.Time()
-		r.Outcome, r.Reason = outcome, reason
-		if a := r.CurrentAttempt(); a != nil && a.EndedAt == nil {
-			a.EndedAt, a.Outcome, a.Reason = &now, outcome, reason
-		}
-		r.Enter(runs.Finishing, now)
-		return nil
+		return r.MarkFinishing(attempt, e, d.Time())
 	})
 	if err != nil {
 		return err
@@ -88,7 +64,7 @@ func (d *Deps) Finish(ctx context.Context, runID string, attempt int, outcome, r
 	if rec.Phase != runs.Finishing {
 		return nil
 	}
-	d.Log.Info("run_finishing", "run_id", runID, "attempt", attempt, "outcome", rec.Outcome, "reason", rec.Reason)
+	d.Log.Info("run_finishing", "run_id", runID, "attempt", attempt, "outcome", rec.Outcome, "reason", rec.Reason, "message", rec.Message)
 	return d.Send(ctx, d.Config.Topics.Finished, Step{RunID: runID, Attempt: rec.Attempt})
 }
 
@@ -123,12 +99,7 @@ func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
 		return d.StartAttempt(ctx, rec.RunID, 1, "", "")
 	}
 	rec, err = d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if r.Phase != runs.Accepted {
-			return runs.ErrNoChange
-		}
-		r.Reason = "waiting for cluster " + r.Cluster + " held by run " + lease.Holder
-		r.Enter(runs.Queued, d.Time())
-		return nil
+		return r.MarkQueued(lease.Holder, d.Time())
 	})
 	if err != nil {
 		return err
@@ -137,7 +108,7 @@ func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
 		return nil
 	}
 	d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", lease.Holder)
-	_, err = d.Announce(ctx, rec, "queued")
+	_, err = d.Announce(ctx, rec, runs.Queued)
 	return err
 }
 

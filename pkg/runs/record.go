@@ -2,6 +2,10 @@
 // bucket: the single source of truth of a run's phase. It is created once
 // (DoesNotExist) and advanced only by compare-and-swap on its generation, so
 // concurrent and duplicate deliveries never lose or double an update.
+//
+// The run's lifecycle lives here too (lifecycle.go): every phase, every
+// transition with the phases it may start from, and the Mark… methods that
+// are the only code changing a record's phase.
 package runs
 
 import (
@@ -11,52 +15,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/spec"
 )
 
-// Phase is where a run is. Phases move forward (see Rank), except that a
-// retry takes a SUBMITTED or RUNNING run back to PROVISIONED for its next
-// attempt; a terminal phase never changes.
-type Phase string
-
-// The phases of a run.
-const (
-	Accepted    Phase = "ACCEPTED"    // spec valid, record created
-	Rejected    Phase = "REJECTED"    // spec invalid: terminal
-	Queued      Phase = "QUEUED"      // waiting for the cluster another run holds
-	Provisioned Phase = "PROVISIONED" // cluster ensured, RayJob not yet created
-	Submitted   Phase = "SUBMITTED"   // RayJob created
-	Running     Phase = "RUNNING"     // Ray job running
-	Finishing   Phase = "FINISHING"   // RayJob ended (or was stopped); finalize pending
-	Succeeded   Phase = "SUCCEEDED"
-	Failed      Phase = "FAILED"
-	Cancelled   Phase = "CANCELLED"
-)
-
-// Rank orders phases; a message for a phase below the record's is stale.
-func (p Phase) Rank() int {
-	switch p {
-	case Accepted:
-		return 1
-	case Queued:
-		return 2
-	case Provisioned:
-		return 3
-	case Submitted:
-		return 4
-	case Running:
-		return 5
-	case Finishing:
-		return 6
-	case Succeeded, Failed, Cancelled, Rejected:
-		return 7
-	}
-	return 0
-}
-
-// Terminal reports whether the run has ended.
-func (p Phase) Terminal() bool { return p.Rank() == 7 }
-
-// Active reports whether the run holds, or waits for, cluster resources.
-func (p Phase) Active() bool { return p.Rank() >= 1 && p.Rank() < 7 }
-
 // Record is a run's status document.
 type Record struct {
 	APIVersion string `json:"apiVersion"`
@@ -65,8 +23,11 @@ type Record struct {
 	Source     string `json:"source"`
 	SpecHash   string `json:"specHash,omitempty"`
 
-	Phase    Phase          `json:"phase"`
-	Reason   string         `json:"reason,omitempty"`
+	Phase Phase `json:"phase"`
+	// Reason says why the run is where it is (set while queued, and for a
+	// run that ended other than succeeded); Message says it for people.
+	Reason   Reason         `json:"reason,omitempty"`
+	Message  string         `json:"message,omitempty"`
 	Problems []spec.Problem `json:"problems,omitempty"`
 
 	Spec      *spec.JobSpec `json:"spec,omitempty"`
@@ -79,11 +40,9 @@ type Record struct {
 	Progress        *Progress `json:"progress,omitempty"`
 	CancelRequested bool      `json:"cancelRequested,omitempty"`
 
-	// Outcome is how the run ended, recorded (with Reason) before finalize
-	// runs: succeeded, failed or cancelled; a deadline, an infrastructure
-	// failure after the retries and a failed training are all failed, told
-	// apart by Reason.
-	Outcome string `json:"outcome,omitempty"`
+	// Outcome is how the run ends, decided (with Reason) when it enters
+	// FINISHING, before finalize runs.
+	Outcome Outcome `json:"outcome,omitempty"`
 
 	Result *checkpoints.Result `json:"result,omitempty"`
 
@@ -95,8 +54,10 @@ type Record struct {
 	// publishing it twice, a stale one (its claimer died) lets another try.
 	Publishing map[Phase]time.Time `json:"publishing,omitempty"`
 
-	// Times records when the run entered each phase.
+	// Times records when the run first entered each phase; History every
+	// entry, in order.
 	Times     map[Phase]time.Time `json:"times"`
+	History   []Entry             `json:"history,omitempty"`
 	CreatedAt time.Time           `json:"createdAt"`
 	UpdatedAt time.Time           `json:"updatedAt"`
 }
@@ -109,8 +70,9 @@ type Attempt struct {
 	CreatedAt  time.Time  `json:"createdAt"`
 	RunningAt  *time.Time `json:"runningAt,omitempty"`
 	EndedAt    *time.Time `json:"endedAt,omitempty"`
-	Outcome    string     `json:"outcome,omitempty"`
-	Reason     string     `json:"reason,omitempty"`
+	Outcome    Outcome    `json:"outcome,omitempty"`
+	Reason     Reason     `json:"reason,omitempty"`
+	Message    string     `json:"message,omitempty"`
 }
 
 // Progress is the training progress read from Ray Train's result.json.
@@ -120,18 +82,6 @@ type Progress struct {
 	Epoch      float64   `json:"epoch"`
 	Loss       *float64  `json:"loss,omitempty"`
 	UpdatedAt  time.Time `json:"updatedAt"`
-}
-
-// Enter moves the record to phase p at time now, keeping the first time it
-// entered each phase.
-func (r *Record) Enter(p Phase, now time.Time) {
-	r.Phase = p
-	if r.Times == nil {
-		r.Times = map[Phase]time.Time{}
-	}
-	if _, ok := r.Times[p]; !ok {
-		r.Times[p] = now
-	}
 }
 
 // WasPublished reports whether the event of phase p has gone out.

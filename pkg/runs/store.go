@@ -38,10 +38,22 @@ const (
 // ObjectName is the name of a run's record.
 func ObjectName(runID string) string { return Prefix + runID + "/" + StatusFile }
 
+// Clock tells the time; nil is the system clock. The pipeline passes one
+// clock to everything that stamps times, so tests move them all at once.
+type Clock func() time.Time
+
+// Now is the current time in UTC.
+func (c Clock) Now() time.Time {
+	if c != nil {
+		return c().UTC()
+	}
+	return time.Now().UTC()
+}
+
 // Store keeps run records in a Cloud Storage bucket.
 type Store struct {
 	Bucket *storage.BucketHandle
-	Now    func() time.Time
+	Clock  Clock
 }
 
 // Summary is what a listing tells about a run without reading its record.
@@ -55,16 +67,9 @@ type Summary struct {
 	Unannounced bool
 }
 
-func (s *Store) now() time.Time {
-	if s.Now != nil {
-		return s.Now().UTC()
-	}
-	return time.Now().UTC()
-}
-
 // Create writes a new record; ErrExists if the run already has one.
 func (s *Store) Create(ctx context.Context, r *Record) error {
-	t := s.now()
+	t := s.Clock.Now()
 	r.CreatedAt, r.UpdatedAt = t, t
 	err := gcsdoc.Write(ctx, s.object(r.RunID), r, storage.Conditions{DoesNotExist: true}, meta(r))
 	if gcsdoc.IsPrecondition(err) {
@@ -99,7 +104,7 @@ func (s *Store) Update(ctx context.Context, runID string, fn func(*Record) error
 			}
 			return err
 		}
-		r.UpdatedAt = s.now()
+		r.UpdatedAt = s.Clock.Now()
 		return nil
 	}, meta)
 	if errors.Is(err, gcsdoc.ErrConflict) {

@@ -1,0 +1,182 @@
+package monitor
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// lostJob is how long a just-created RayJob may be missing from a listing
+// before the run counts it as lost.
+const lostJob = 2 * time.Minute
+
+// Observation is everything a check decides on, read before it decides.
+type Observation struct {
+	Run *runs.Record
+	// Sweep: the check is part of a tick's sweep, which also drives stalled
+	// steps on; a check on a message or a completion mark does not.
+	Sweep bool
+	// Job is the current attempt's RayJob, nil when there is none (or the
+	// sweep's listing did not show it); Mark is the trainer's completion
+	// mark of the attempt, nil when it has not written one. Both are read
+	// only for a phase with a RayJob (runs.Phase.HasJob).
+	Job  *rayv1.RayJob
+	Mark *checkpoints.Mark
+	Now  time.Time
+}
+
+// Action is what a check does about a run.
+type Action string
+
+// The actions.
+const (
+	Wait     Action = "wait"     // nothing to do now
+	Readmit  Action = "readmit"  // give a waiting run its cluster if the holder is gone (sweep)
+	Resend   Action = "resend"   // send a stalled step's message again (sweep)
+	Finish   Action = "finish"   // decide the run's end (Ending), deleting the RayJob first when DeleteJob
+	Progress Action = "progress" // record that the attempt runs, and its progress; announce running
+	Succeed  Action = "succeed"  // the attempt succeeded: record it running if no check saw it, then finish
+	Retry    Action = "retry"    // start the next attempt (Why the current one is given up)
+)
+
+// Decision is what Decide decided.
+type Decision struct {
+	Action    Action
+	Topic     string // Resend: the key of the step's topic
+	Ending    runs.Ending
+	DeleteJob bool
+	Why       string // Retry
+}
+
+// errUnknownPhase refuses a phase the monitor was not taught.
+var errUnknownPhase = errors.New("the monitor does not know this phase")
+
+// Decide is the monitor's judgement of one run: a pure function of what it
+// observed, so that every phase and case is tested without I/O (decide_test.go).
+func Decide(o Observation) (Decision, error) {
+	r := o.Run
+	stale := o.Now.Sub(r.UpdatedAt) > pipeline.StaleStep
+	switch r.Phase {
+	case runs.Accepted, runs.Queued:
+		switch {
+		case r.CancelRequested:
+			return cancel("cancelled while waiting for the cluster", false), nil
+		case o.Sweep:
+			return Decision{Action: Readmit}, nil
+		}
+	case runs.Provisioned:
+		switch {
+		case r.CancelRequested:
+			return cancel("cancelled before the job started", false), nil
+		case o.Sweep && stale:
+			return Decision{Action: Resend, Topic: pipeline.TopicProvisioned}, nil
+		}
+	case runs.Submitted, runs.Running:
+		return decideJob(o)
+	case runs.Finishing:
+		if o.Sweep && stale {
+			return Decision{Action: Resend, Topic: pipeline.TopicFinished}, nil
+		}
+	case runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected:
+		// The sweep lists an ended run only while it is unannounced: the
+		// delivery that ended it died before its event went out. Finalize
+		// finishes what it left.
+		if o.Sweep && stale && r.Unannounced() {
+			return Decision{Action: Resend, Topic: pipeline.TopicFinished}, nil
+		}
+	default:
+		return Decision{}, fmt.Errorf("run %s is in phase %q: %w", r.RunID, r.Phase, errUnknownPhase)
+	}
+	return Decision{Action: Wait}, nil
+}
+
+// decideJob judges a run whose attempt has a RayJob: cancellation and
+// deadlines first, then the trainer's completion mark, then what KubeRay
+// says of the job.
+func decideJob(o Observation) (Decision, error) {
+	r := o.Run
+	a := r.CurrentAttempt()
+	if a == nil || r.Spec == nil {
+		return Decision{}, fmt.Errorf("run %s is %s without an attempt or a spec", r.RunID, r.Phase)
+	}
+	lim := r.Spec.Limits
+	switch {
+	case r.CancelRequested:
+		return cancel("cancelled by request", true), nil
+	case o.Now.Sub(a.CreatedAt) > time.Duration(lim.Deadline):
+		return fail(runs.DeadlineExceeded, true, "deadline exceeded: the attempt ran longer than limits.deadline %s", time.Duration(lim.Deadline)), nil
+	case a.RunningAt == nil && o.Now.Sub(a.CreatedAt) > time.Duration(lim.StartDeadline):
+		return fail(runs.StartDeadlineExceeded, true, "start deadline exceeded: the job did not start running within limits.startDeadline %s", time.Duration(lim.StartDeadline)), nil
+	}
+	if o.Mark != nil {
+		if o.Mark.Status == "succeeded" {
+			return Decision{Action: Succeed}, nil
+		}
+		// The training code failed: no retry can fix that.
+		return fail(runs.ApplicationError, false, "training failed: %s", firstLine(o.Mark.Error)), nil
+	}
+	jobName := names.RayJob(r.RunID, r.Attempt)
+	if o.Job == nil {
+		if r.Phase == runs.Submitted && o.Now.Sub(r.UpdatedAt) < lostJob {
+			return Decision{Action: Wait}, nil // just created; a list may not show it yet
+		}
+		return retryOrFail(r, "RayJob "+jobName+" disappeared"), nil
+	}
+	st := o.Job.Status
+	validation := st.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed
+	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) || validation {
+		if st.JobDeploymentStatus == rayv1.JobDeploymentStatusComplete && st.JobStatus == rayv1.JobStatusSucceeded {
+			return Decision{Action: Succeed}, nil
+		}
+		why := fmt.Sprintf("RayJob %s ended %s/%s", jobName, st.JobDeploymentStatus, st.JobStatus)
+		if st.Reason != "" || st.Message != "" {
+			why += fmt.Sprintf(" (%s: %s)", st.Reason, firstLine(st.Message))
+		}
+		if validation {
+			return fail(runs.InvalidJob, false, "%s", why), nil
+		}
+		// The job ended without the trainer's mark: the trainer did not get
+		// to write it, so the cause is outside the training code.
+		return retryOrFail(r, why), nil
+	}
+	if st.JobStatus == rayv1.JobStatusRunning {
+		return Decision{Action: Progress}, nil
+	}
+	return Decision{Action: Wait}, nil
+}
+
+// retryOrFail retries an attempt lost to the infrastructure when the spec
+// allows another; else the run fails.
+func retryOrFail(r *runs.Record, why string) Decision {
+	if r.Attempt <= r.Spec.Limits.Retries {
+		return Decision{Action: Retry, Why: why}
+	}
+	if r.Attempt > 1 {
+		why = fmt.Sprintf("%s; no retries left after %d attempts", why, r.Attempt)
+	}
+	return fail(runs.InfrastructureFailure, false, "%s", why)
+}
+
+func cancel(msg string, deleteJob bool) Decision {
+	return Decision{Action: Finish, DeleteJob: deleteJob, Ending: runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: msg}}
+}
+
+func fail(reason runs.Reason, deleteJob bool, format string, args ...any) Decision {
+	return Decision{Action: Finish, DeleteJob: deleteJob, Ending: runs.Ending{Outcome: runs.OutcomeFailed, Reason: reason, Message: fmt.Sprintf(format, args...)}}
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	if len(s) > 500 {
+		s = s[:500] + "…"
+	}
+	return s
+}

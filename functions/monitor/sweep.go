@@ -1,0 +1,161 @@
+package monitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// sweepWorkers is how many runs a sweep checks at once.
+const sweepWorkers = 32
+
+// Sweep is a tick's work: it checks every active (or ended but
+// unannounced) run against one LIST of RayJobs, which also re-admits
+// waiting runs and resends stalled steps, then scales down clusters that
+// have workers and no active run.
+func (h *Handler) Sweep(ctx context.Context) error {
+	sums, err := h.Deps.Runs.List(ctx)
+	if err != nil {
+		return err
+	}
+	jobs, err := h.listJobs(ctx)
+	if err != nil {
+		return err
+	}
+	busy := map[string]bool{}
+	var todo []string
+	for _, s := range sums {
+		if !s.Phase.Terminal() { // an unknown phase counts as busy: it keeps its workers
+			busy[s.Cluster] = true
+		}
+		if s.Phase.Active() || s.Unannounced || !s.Phase.Known() {
+			todo = append(todo, s.RunID) // an unknown phase fails its check, which is logged
+		}
+	}
+	errs := h.checkAll(ctx, todo, jobs)
+	scaled, err := h.scaleDownIdle(ctx, busy)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	h.Deps.Log.Info("sweep_done", "active_runs", len(todo), "rayjobs", len(jobs), "scaled_to_zero", scaled)
+	// A tick that failed for one run is not redelivered: the next tick
+	// comes in a minute and sweeps everything again.
+	if len(errs) > 0 {
+		h.Deps.Log.Warn("sweep_incomplete", "errors", len(errs), "first", errs[0].Error())
+	}
+	return nil
+}
+
+// listJobs lists every RayJob raydrop made, by name.
+func (h *Handler) listJobs(ctx context.Context) (map[string]*rayv1.RayJob, error) {
+	sel := metav1.ListOptions{LabelSelector: names.LabelManagedBy + "=" + names.ManagedBy}
+	list, err := h.Deps.Ray.RayV1().RayJobs(metav1.NamespaceAll).List(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("list rayjobs: %w", err)
+	}
+	jobs := map[string]*rayv1.RayJob{}
+	for i := range list.Items {
+		jobs[list.Items[i].Name] = &list.Items[i]
+	}
+	return jobs, nil
+}
+
+// checkAll checks runs side by side (each check is a few Cloud Storage
+// reads: one after another, a thousand active runs would take minutes at
+// cloud latencies) and returns the checks' errors, each logged.
+func (h *Handler) checkAll(ctx context.Context, runIDs []string, jobs map[string]*rayv1.RayJob) []error {
+	var mu sync.Mutex
+	var errs []error
+	g := errgroup.Group{}
+	g.SetLimit(sweepWorkers)
+	for _, runID := range runIDs {
+		g.Go(func() error {
+			if err := h.check(ctx, runID, jobs); err != nil {
+				h.Deps.Log.Warn("sweep_check_failed", "run_id", runID, "error", err.Error())
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // the checks report through errs
+	return errs
+}
+
+// readmit gives a queued (or stalled accepted) run the cluster when its
+// holder is gone.
+func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
+	d := h.Deps
+	lease, err := d.Leases.Get(ctx, rec.Namespace, rec.Cluster)
+	if err != nil {
+		return err
+	}
+	if lease.Holder != "" && lease.Holder != rec.RunID {
+		holder, err := d.Runs.Get(ctx, lease.Holder)
+		switch {
+		case errors.Is(err, runs.ErrNotFound) || err == nil && holder.Phase.Terminal():
+			d.Log.Warn("lease_released", "cluster", rec.Cluster, "holder", lease.Holder, "why", "holder ended")
+			if _, _, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, lease.Holder); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		default:
+			return nil // the holder is still at work
+		}
+	}
+	if rec.Phase == runs.Queued {
+		return d.Admit(ctx, rec)
+	}
+	if d.Time().Sub(rec.UpdatedAt) > pipeline.StaleStep {
+		// The intake delivery stopped after recording the run: announce it
+		// (a claim left by a delivery that died has expired by now), then
+		// admit it, as that delivery would have.
+		if rec, err = d.Announce(ctx, rec, runs.Accepted); err != nil {
+			return err
+		}
+		return d.Admit(ctx, rec)
+	}
+	return nil
+}
+
+// scaleDownIdle scales to zero every raydrop cluster that asks for workers
+// while no active run uses it and nobody has held it for the grace period.
+func (h *Handler) scaleDownIdle(ctx context.Context, busy map[string]bool) (int, error) {
+	d := h.Deps
+	sel := metav1.ListOptions{LabelSelector: names.LabelManagedBy + "=" + names.ManagedBy}
+	list, err := d.Ray.RayV1().RayClusters(metav1.NamespaceAll).List(ctx, sel)
+	if err != nil {
+		return 0, fmt.Errorf("list rayclusters: %w", err)
+	}
+	n := 0
+	for i := range list.Items {
+		rc := &list.Items[i]
+		if !pipeline.HasWorkers(rc) || busy[rc.Namespace+"/"+rc.Name] {
+			continue
+		}
+		lease, err := d.Leases.Get(ctx, rc.Namespace, rc.Name)
+		if err != nil {
+			return n, err
+		}
+		if d.Time().Sub(lease.Updated) < d.Config.ScaleDownAge {
+			continue
+		}
+		if _, err := d.ScaleToZero(ctx, rc.Namespace, rc.Name); err != nil {
+			return n, err
+		}
+		d.Log.Warn("cluster_scaled_to_zero", "cluster", rc.Namespace+"/"+rc.Name, "why", "workers and no active run")
+		n++
+	}
+	return n, nil
+}

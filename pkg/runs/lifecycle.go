@@ -1,0 +1,359 @@
+package runs
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// Phase is where a run is. Every phase, what it means and the transitions
+// between phases are declared here and nowhere else; the Mark… methods
+// below are the only code that changes a record's phase. Phases move
+// forward, except that a retry takes a SUBMITTED or RUNNING run back to
+// PROVISIONED for its next attempt; a terminal phase never changes.
+type Phase string
+
+// The phases of a run.
+const (
+	Accepted    Phase = "ACCEPTED"    // spec valid, record created
+	Rejected    Phase = "REJECTED"    // spec invalid: terminal
+	Queued      Phase = "QUEUED"      // waiting for the cluster another run holds
+	Provisioned Phase = "PROVISIONED" // cluster ensured, RayJob not yet created
+	Submitted   Phase = "SUBMITTED"   // RayJob created
+	Running     Phase = "RUNNING"     // Ray job running
+	Finishing   Phase = "FINISHING"   // the run's end is decided (Ending); finalize pending
+	Succeeded   Phase = "SUCCEEDED"
+	Failed      Phase = "FAILED"
+	Cancelled   Phase = "CANCELLED"
+)
+
+// phaseInfo is what the pipeline knows about a phase.
+type phaseInfo struct {
+	// event: the phase has a public event, dev.raydrop.run.v1.<lower-case phase>.
+	event bool
+	// terminal: the run has ended; nothing changes its phase again.
+	terminal bool
+	// job: the current attempt's RayJob exists or is being made, so the
+	// monitor watches it.
+	job bool
+}
+
+// phases lists every phase in the order a run meets them (a rejected run
+// meets only REJECTED; a run ends in one of the last three).
+var phases = []struct {
+	Phase
+	phaseInfo
+}{
+	{Accepted, phaseInfo{event: true}},
+	{Rejected, phaseInfo{event: true, terminal: true}},
+	{Queued, phaseInfo{event: true}},
+	{Provisioned, phaseInfo{}},
+	{Submitted, phaseInfo{job: true}},
+	{Running, phaseInfo{event: true, job: true}},
+	{Finishing, phaseInfo{}},
+	{Succeeded, phaseInfo{event: true, terminal: true}},
+	{Failed, phaseInfo{event: true, terminal: true}},
+	{Cancelled, phaseInfo{event: true, terminal: true}},
+}
+
+// Phases returns every phase, in the order a run meets them.
+func Phases() []Phase {
+	out := make([]Phase, len(phases))
+	for i, p := range phases {
+		out[i] = p.Phase
+	}
+	return out
+}
+
+func (p Phase) info() (phaseInfo, bool) {
+	for _, q := range phases {
+		if q.Phase == p {
+			return q.phaseInfo, true
+		}
+	}
+	return phaseInfo{}, false
+}
+
+// Known reports whether p is a phase of the lifecycle.
+func (p Phase) Known() bool { _, ok := p.info(); return ok }
+
+// Terminal reports whether the run has ended.
+func (p Phase) Terminal() bool { i, _ := p.info(); return i.terminal }
+
+// Active reports whether the run holds, or waits for, cluster resources.
+func (p Phase) Active() bool { return p.Known() && !p.Terminal() }
+
+// HasJob reports whether the run's current attempt has a RayJob to watch.
+func (p Phase) HasJob() bool { i, _ := p.info(); return i.job }
+
+// Event is the name of the phase's public event (the last part of its
+// CloudEvent type), or "" for a phase that has none.
+func (p Phase) Event() string {
+	if i, _ := p.info(); i.event {
+		return strings.ToLower(string(p))
+	}
+	return ""
+}
+
+// PhaseOfEvent is the phase whose public event is named event.
+func PhaseOfEvent(event string) (Phase, bool) {
+	p := Phase(strings.ToUpper(event))
+	return p, p.Event() == event && event != ""
+}
+
+// Transition is a change of phase. Each has the phases it may start from
+// (transitions) and one Mark… method that makes it and records what it
+// records.
+type Transition string
+
+// The transitions. A record is created ACCEPTED or REJECTED (NewRecord).
+const (
+	ToQueued      Transition = "queue"     // MarkQueued: the cluster is held by another run
+	ToProvisioned Transition = "provision" // MarkProvisioned: an attempt starts (the first, or a retry)
+	ToSubmitted   Transition = "submit"    // MarkSubmitted: its RayJob was created
+	ToRunning     Transition = "run"       // MarkRunning: its Ray job runs
+	ToFinishing   Transition = "finish"    // MarkFinishing: the run's end is decided
+	ToEnded       Transition = "end"       // MarkEnded: finalize found the results
+)
+
+// transitions holds, for each transition, the phases it may start from.
+var transitions = map[Transition][]Phase{
+	ToQueued:      {Accepted},
+	ToProvisioned: {Accepted, Queued, Submitted, Running},
+	ToSubmitted:   {Provisioned},
+	ToRunning:     {Submitted},
+	ToFinishing:   {Accepted, Queued, Provisioned, Submitted, Running},
+	ToEnded:       {Finishing},
+}
+
+// Transitions returns every transition with the phases it may start from.
+func Transitions() map[Transition][]Phase {
+	out := map[Transition][]Phase{}
+	for t, from := range transitions {
+		out[t] = slices.Clone(from)
+	}
+	return out
+}
+
+// TransitionError refuses a transition the record's phase does not allow,
+// or one a delivery has already made (a duplicate). It is an ErrNoChange,
+// so returned from a Store.Update function it leaves the record as is.
+type TransitionError struct {
+	Transition Transition
+	From       Phase
+	Why        string
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("run cannot %s from %s: %s", e.Transition, e.From, e.Why)
+}
+
+// Is makes every TransitionError an ErrNoChange.
+func (e *TransitionError) Is(target error) bool { return target == ErrNoChange }
+
+// IsRefused reports whether err refused a transition.
+func IsRefused(err error) bool {
+	var te *TransitionError
+	return errors.As(err, &te)
+}
+
+func (r *Record) allow(t Transition) error {
+	if !slices.Contains(transitions[t], r.Phase) {
+		return &TransitionError{Transition: t, From: r.Phase, Why: fmt.Sprintf("allowed only from %v", transitions[t])}
+	}
+	return nil
+}
+
+func (r *Record) refuse(t Transition, why string, args ...any) error {
+	return &TransitionError{Transition: t, From: r.Phase, Why: fmt.Sprintf(why, args...)}
+}
+
+// enter moves the record to phase p at now. Times keeps the first time the
+// run entered each phase; History keeps every entry, so the time a retry
+// spends in a phase is counted (Durations).
+func (r *Record) enter(p Phase, now time.Time) {
+	r.Phase = p
+	if r.Times == nil {
+		r.Times = map[Phase]time.Time{}
+	}
+	if _, ok := r.Times[p]; !ok {
+		r.Times[p] = now
+	}
+	r.History = append(r.History, Entry{Phase: p, At: now, Attempt: r.Attempt})
+}
+
+// NewRecord is a new run's record: ACCEPTED with its spec, or REJECTED with
+// the problems that make its spec invalid (then s is nil).
+func NewRecord(runID, source, name string, s *spec.JobSpec, problems spec.Problems, now time.Time) *Record {
+	r := &Record{APIVersion: spec.APIVersion, RunID: runID, Name: name, Source: source}
+	if s == nil {
+		if len(problems) == 0 {
+			problems = spec.Problems{{Path: "$", Message: "the spec could not be read"}}
+		}
+		r.Problems = problems
+		r.Reason, r.Message = InvalidSpec, fmt.Sprintf("invalid job spec: %d problem(s); first: %s", len(problems), problems[0])
+		r.Outcome = OutcomeFailed
+		r.enter(Rejected, now)
+		return r
+	}
+	if s.Name == "" {
+		s.Name = name
+	}
+	r.Spec, r.SpecHash, r.Name = s, s.Hash(), s.Name
+	r.Cluster, r.Namespace = s.Cluster.Name, s.Cluster.Namespace
+	r.enter(Accepted, now)
+	return r
+}
+
+// MarkQueued records that the run waits for its cluster, held by holder.
+func (r *Record) MarkQueued(holder string, now time.Time) error {
+	if err := r.allow(ToQueued); err != nil {
+		return err
+	}
+	r.Reason, r.Message = WaitingForCluster, "waiting for cluster "+r.Cluster+" held by run "+holder
+	r.enter(Queued, now)
+	return nil
+}
+
+// MarkProvisioned starts attempt next.N with the cluster up: the first
+// attempt of an accepted or queued run, or the retry of a submitted or
+// running one (next.N is the current attempt + 1), whose current attempt
+// then ends "retried" with why.
+func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error {
+	if err := r.allow(ToProvisioned); err != nil {
+		return err
+	}
+	first := r.Phase == Accepted || r.Phase == Queued
+	switch {
+	case first && next.N != 1:
+		return r.refuse(ToProvisioned, "attempt %d cannot be a run's first", next.N)
+	case !first && next.N != r.Attempt+1:
+		return r.refuse(ToProvisioned, "attempt %d does not follow attempt %d", next.N, r.Attempt)
+	}
+	if prev := r.CurrentAttempt(); prev != nil && prev.EndedAt == nil {
+		prev.EndedAt, prev.Outcome, prev.Reason, prev.Message = &now, OutcomeRetried, InfrastructureFailure, why
+	}
+	next.CreatedAt = now
+	r.Attempt = next.N
+	r.Attempts = append(r.Attempts, next)
+	r.Reason, r.Message = "", ""
+	r.enter(Provisioned, now)
+	return nil
+}
+
+// MarkSubmitted records that attempt's RayJob was created.
+func (r *Record) MarkSubmitted(attempt int, now time.Time) error {
+	if err := r.allow(ToSubmitted); err != nil {
+		return err
+	}
+	if r.Attempt != attempt {
+		return r.refuse(ToSubmitted, "attempt %d is not the current attempt %d", attempt, r.Attempt)
+	}
+	r.enter(Submitted, now)
+	return nil
+}
+
+// MarkRunning records that attempt's Ray job runs.
+func (r *Record) MarkRunning(attempt int, now time.Time) error {
+	if err := r.allow(ToRunning); err != nil {
+		return err
+	}
+	if r.Attempt != attempt {
+		return r.refuse(ToRunning, "attempt %d is not the current attempt %d", attempt, r.Attempt)
+	}
+	if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil {
+		a.RunningAt = &now
+	}
+	r.enter(Running, now)
+	return nil
+}
+
+// MarkFinishing decides how the run ends, while its attempt (0 for a run
+// that never had one) is current; only the first decision counts.
+func (r *Record) MarkFinishing(attempt int, e Ending, now time.Time) error {
+	if err := r.allow(ToFinishing); err != nil {
+		return err
+	}
+	if r.Attempt != attempt {
+		return r.refuse(ToFinishing, "attempt %d is not the current attempt %d", attempt, r.Attempt)
+	}
+	if err := e.Check(); err != nil {
+		return err
+	}
+	r.Outcome, r.Reason, r.Message = e.Outcome, e.Reason, e.Message
+	if a := r.CurrentAttempt(); a != nil && a.EndedAt == nil {
+		a.EndedAt, a.Outcome, a.Reason, a.Message = &now, e.Outcome, e.Reason, e.Message
+	}
+	r.enter(Finishing, now)
+	return nil
+}
+
+// MarkEnded ends a finishing run with what finalize found: SUCCEEDED,
+// FAILED or CANCELLED as decided, except that a run that succeeded without
+// a complete checkpoint fails (NoCheckpoint).
+func (r *Record) MarkEnded(res *checkpoints.Result, now time.Time) error {
+	if err := r.allow(ToEnded); err != nil {
+		return err
+	}
+	p, ok := map[Outcome]Phase{OutcomeSucceeded: Succeeded, OutcomeFailed: Failed, OutcomeCancelled: Cancelled}[r.Outcome]
+	if !ok {
+		return r.refuse(ToEnded, "outcome %q is not one the run can end with", r.Outcome)
+	}
+	if p == Succeeded && (res == nil || res.Latest == nil) {
+		p, r.Outcome = Failed, OutcomeFailed
+		r.Reason, r.Message = NoCheckpoint, "the job succeeded but wrote no complete checkpoint (adapter files missing)"
+	}
+	r.Result = res
+	r.enter(p, now)
+	return nil
+}
+
+// ErrCancelNotNeeded refuses a cancellation of a run that has ended or
+// whose cancellation is already requested.
+var ErrCancelNotNeeded = fmt.Errorf("%w: the run has ended or its cancellation is already requested", ErrNoChange)
+
+// MarkCancelRequested records a request to cancel the run; the monitor
+// acts on it. A run that has ended cannot be cancelled.
+func (r *Record) MarkCancelRequested() error {
+	if r.CancelRequested || r.Phase.Terminal() {
+		return ErrCancelNotNeeded
+	}
+	r.CancelRequested = true
+	return nil
+}
+
+// Entry is one entry of the run into a phase.
+type Entry struct {
+	Phase   Phase     `json:"phase"`
+	At      time.Time `json:"at"`
+	Attempt int       `json:"attempt,omitempty"`
+}
+
+// Durations is the time the run spent in each phase it went through up to
+// end, summed over every entry (a retry enters PROVISIONED again), for
+// every phase but the terminal one.
+func (r *Record) Durations(end time.Time) map[Phase]time.Duration {
+	h := r.History
+	if len(h) == 0 { // a record written before History was kept
+		for p, t := range r.Times {
+			h = append(h, Entry{Phase: p, At: t})
+		}
+		slices.SortStableFunc(h, func(a, b Entry) int { return a.At.Compare(b.At) })
+	}
+	out := map[Phase]time.Duration{}
+	for i, e := range h {
+		next := end
+		if i+1 < len(h) {
+			next = h[i+1].At
+		}
+		if !e.Phase.Terminal() {
+			out[e.Phase] += next.Sub(e.At)
+		}
+	}
+	return out
+}

@@ -1,0 +1,223 @@
+package runs
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+var t0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+
+// inPhase is a record in phase p, as the pipeline would have left it: an
+// attempt from PROVISIONED on, an outcome from FINISHING on.
+func inPhase(p Phase) *Record {
+	r := &Record{RunID: "r", Phase: p, Cluster: "c", Times: map[Phase]time.Time{p: t0}}
+	switch p {
+	case Accepted, Queued, Rejected:
+	default:
+		r.Attempt = 1
+		r.Attempts = []Attempt{{N: 1, RayJob: "r-1", CreatedAt: t0}}
+	}
+	if p == Finishing || p.Terminal() {
+		r.Outcome = OutcomeSucceeded
+	}
+	return r
+}
+
+var done = &checkpoints.Result{Latest: &checkpoints.Checkpoint{Name: "checkpoint_000000"}}
+
+// mark makes each transition the way the handlers do. A transition added to
+// the lifecycle without an entry here fails TestEveryTransitionIsTested.
+var mark = map[Transition]func(r *Record) error{
+	ToQueued: func(r *Record) error { return r.MarkQueued("other", t0) },
+	ToProvisioned: func(r *Record) error {
+		return r.MarkProvisioned(Attempt{N: r.Attempt + 1, RayJob: "next"}, "lost", t0)
+	},
+	ToSubmitted: func(r *Record) error { return r.MarkSubmitted(r.Attempt, t0) },
+	ToRunning:   func(r *Record) error { return r.MarkRunning(r.Attempt, t0) },
+	ToFinishing: func(r *Record) error {
+		return r.MarkFinishing(r.Attempt, Ending{Outcome: OutcomeCancelled, Reason: ReasonCancelled, Message: "asked"}, t0)
+	},
+	ToEnded: func(r *Record) error { return r.MarkEnded(done, t0) },
+}
+
+// lands is the phase each transition moves a run to (an ending as decided).
+var lands = map[Transition]Phase{
+	ToQueued: Queued, ToProvisioned: Provisioned, ToSubmitted: Submitted,
+	ToRunning: Running, ToFinishing: Finishing, ToEnded: Succeeded,
+}
+
+func TestEveryTransitionIsTested(t *testing.T) {
+	for tr := range Transitions() {
+		if mark[tr] == nil || lands[tr] == "" {
+			t.Errorf("transition %s has no test", tr)
+		}
+	}
+}
+
+// TestTransitions makes every transition from every phase: it moves the
+// run exactly when the lifecycle allows it, and a refusal changes nothing.
+func TestTransitions(t *testing.T) {
+	for tr, from := range Transitions() {
+		for _, p := range Phases() {
+			r := inPhase(p)
+			before := inPhase(p)
+			err := mark[tr](r)
+			allowed := slices.Contains(from, p)
+			switch {
+			case allowed && err != nil:
+				t.Errorf("%s from %s: %v, want allowed", tr, p, err)
+			case allowed && r.Phase != lands[tr]:
+				t.Errorf("%s from %s landed in %s, want %s", tr, p, r.Phase, lands[tr])
+			case allowed && (len(r.History) != 1 || r.History[0].Phase != r.Phase):
+				t.Errorf("%s from %s: history %v", tr, p, r.History)
+			case !allowed && (!IsRefused(err) || !errors.Is(err, ErrNoChange)):
+				t.Errorf("%s from %s: %v, want a refusal that leaves the record as is", tr, p, err)
+			case !allowed && !reflect.DeepEqual(r, before):
+				t.Errorf("%s from %s was refused but changed the record: %+v", tr, p, r)
+			}
+		}
+	}
+}
+
+// TestLifecycleShape: a terminal phase is left by no transition; every
+// other phase can be ended (cancelled or failed) or is FINISHING; every
+// phase is met by a run (a transition lands there, or a record starts there).
+func TestLifecycleShape(t *testing.T) {
+	reached := map[Phase]bool{Accepted: true, Rejected: true, Failed: true, Cancelled: true}
+	for tr, to := range lands {
+		reached[to] = true
+		for _, p := range Transitions()[tr] {
+			if p.Terminal() {
+				t.Errorf("transition %s leaves terminal phase %s", tr, p)
+			}
+		}
+	}
+	for _, p := range Phases() {
+		if !reached[p] {
+			t.Errorf("no run can reach phase %s", p)
+		}
+		if !p.Terminal() && p != Finishing && !slices.Contains(Transitions()[ToFinishing], p) {
+			t.Errorf("a run in phase %s can never be cancelled or fail: add it to %s's phases", p, ToFinishing)
+		}
+		if e := p.Event(); e != "" {
+			if q, ok := PhaseOfEvent(e); !ok || q != p {
+				t.Errorf("event %s maps to %s, want %s", e, q, p)
+			}
+		}
+	}
+	if _, ok := PhaseOfEvent("provisioned"); ok {
+		t.Error("PROVISIONED has no public event")
+	}
+}
+
+// TestAttemptsMustFollow: a step for another attempt than the current one
+// is refused, and so is a retry that skips an attempt.
+func TestAttemptsMustFollow(t *testing.T) {
+	for name, f := range map[string]func() error{
+		"submit a stale attempt":   func() error { return inPhase(Provisioned).MarkSubmitted(2, t0) },
+		"run a stale attempt":      func() error { return inPhase(Submitted).MarkRunning(0, t0) },
+		"finish a stale attempt":   func() error { return inPhase(Running).MarkFinishing(2, Ending{Outcome: OutcomeSucceeded}, t0) },
+		"retry skipping attempt 2": func() error { return inPhase(Running).MarkProvisioned(Attempt{N: 3}, "lost", t0) },
+		"first attempt not 1":      func() error { return inPhase(Queued).MarkProvisioned(Attempt{N: 2}, "", t0) },
+	} {
+		if err := f(); !IsRefused(err) {
+			t.Errorf("%s: %v, want refused", name, err)
+		}
+	}
+	if err := inPhase(Running).MarkFinishing(1, Ending{Outcome: OutcomeFailed}, t0); err == nil || IsRefused(err) {
+		t.Errorf("a failure without a reason: %v, want an error that is not a mere refusal", err)
+	}
+}
+
+// TestRetryEndsThePreviousAttempt: a retry records why the attempt it
+// replaces ended, and the new attempt starts at once.
+func TestRetryEndsThePreviousAttempt(t *testing.T) {
+	r := inPhase(Running)
+	at := t0.Add(time.Hour)
+	if err := r.MarkProvisioned(Attempt{N: 2, RayJob: "r-2", ResumeFrom: "gs://b/ck"}, "RayJob lost", at); err != nil {
+		t.Fatal(err)
+	}
+	prev, cur := r.Attempts[0], r.CurrentAttempt()
+	if prev.Outcome != OutcomeRetried || prev.Reason != InfrastructureFailure || prev.Message != "RayJob lost" || !prev.EndedAt.Equal(at) {
+		t.Errorf("previous attempt %+v", prev)
+	}
+	if r.Attempt != 2 || cur.N != 2 || !cur.CreatedAt.Equal(at) || cur.ResumeFrom != "gs://b/ck" {
+		t.Errorf("attempt %d, current %+v", r.Attempt, cur)
+	}
+}
+
+func TestMarkEnded(t *testing.T) {
+	for _, c := range []struct {
+		outcome Outcome
+		res     *checkpoints.Result
+		phase   Phase
+		reason  Reason
+	}{
+		{OutcomeSucceeded, done, Succeeded, ""},
+		{OutcomeSucceeded, &checkpoints.Result{}, Failed, NoCheckpoint},
+		{OutcomeFailed, done, Failed, DeadlineExceeded},
+		{OutcomeCancelled, &checkpoints.Result{}, Cancelled, ReasonCancelled},
+	} {
+		r := inPhase(Finishing)
+		r.Outcome = c.outcome
+		if c.outcome != OutcomeSucceeded {
+			r.Reason = c.reason
+		}
+		if err := r.MarkEnded(c.res, t0); err != nil || r.Phase != c.phase || r.Reason != c.reason || r.Result != c.res {
+			t.Errorf("%s: %v, phase %s reason %s; want %s %s", c.outcome, err, r.Phase, r.Reason, c.phase, c.reason)
+		}
+		if !r.Unannounced() {
+			t.Errorf("%s: an ended run is unannounced until its event goes out", c.outcome)
+		}
+	}
+}
+
+func TestNewRecord(t *testing.T) {
+	s := &spec.JobSpec{}
+	s.Cluster.Name, s.Cluster.Namespace = "c", "ns"
+	r := NewRecord("id", "src", "fallback", s, nil, t0)
+	if r.Phase != Accepted || r.Name != "fallback" || r.Cluster != "c" || r.SpecHash == "" || !r.Times[Accepted].Equal(t0) {
+		t.Errorf("accepted record %+v", r)
+	}
+	r = NewRecord("id", "src", "bad", nil, spec.Problems{{Path: "training.epochs", Message: "must be at least 1"}}, t0)
+	if r.Phase != Rejected || r.Reason != InvalidSpec || r.Message == "" || len(r.Problems) != 1 || !r.Unannounced() {
+		t.Errorf("rejected record %+v", r)
+	}
+}
+
+func TestCancelRequest(t *testing.T) {
+	r := inPhase(Queued)
+	if err := r.MarkCancelRequested(); err != nil || !r.CancelRequested {
+		t.Fatalf("%v, %v", err, r.CancelRequested)
+	}
+	if err := r.MarkCancelRequested(); !errors.Is(err, ErrNoChange) {
+		t.Errorf("second request: %v, want no change", err)
+	}
+	if err := inPhase(Succeeded).MarkCancelRequested(); !errors.Is(err, ErrNoChange) {
+		t.Errorf("ended run: %v, want no change", err)
+	}
+}
+
+// TestDurations: every entry into a phase counts; the terminal phase does
+// not.
+func TestDurations(t *testing.T) {
+	r := &Record{}
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	for i, p := range []Phase{Accepted, Provisioned, Submitted, Running, Provisioned, Submitted, Running, Finishing, Succeeded} {
+		r.enter(p, at([]int{0, 1, 2, 5, 65, 66, 76, 106, 107}[i]))
+	}
+	got := r.Durations(at(107))
+	want := map[Phase]time.Duration{Accepted: time.Minute, Provisioned: 2 * time.Minute, Submitted: 13 * time.Minute, Running: 90 * time.Minute, Finishing: time.Minute}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("durations %v, want %v", got, want)
+	}
+	if !r.Times[Provisioned].Equal(at(1)) {
+		t.Errorf("Times keeps the first entry: %v", r.Times[Provisioned])
+	}
+}

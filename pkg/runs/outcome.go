@@ -1,0 +1,78 @@
+package runs
+
+import "fmt"
+
+// Outcome is how a run, or one of its attempts, ended.
+type Outcome string
+
+// The outcomes. A run ends succeeded, failed or cancelled; an attempt also
+// ends retried when the next attempt replaced it.
+const (
+	OutcomeSucceeded Outcome = "succeeded"
+	OutcomeFailed    Outcome = "failed"
+	OutcomeCancelled Outcome = "cancelled"
+	OutcomeRetried   Outcome = "retried"
+)
+
+// Reason says why a run is where it is, in a form a downstream system can
+// act on without parsing the human-readable message beside it (as KubeRay's
+// JobFailedReason does). Every failed, cancelled or rejected run has one.
+type Reason string
+
+// The reasons; reasons says what each means.
+const (
+	InvalidSpec           Reason = "InvalidSpec"
+	WaitingForCluster     Reason = "WaitingForCluster"
+	ReasonCancelled       Reason = "Cancelled"
+	DeadlineExceeded      Reason = "DeadlineExceeded"
+	StartDeadlineExceeded Reason = "StartDeadlineExceeded"
+	ApplicationError      Reason = "ApplicationError"
+	InfrastructureFailure Reason = "InfrastructureFailure"
+	InvalidJob            Reason = "InvalidJob"
+	NoCheckpoint          Reason = "NoCheckpoint"
+)
+
+var reasons = []struct {
+	Reason
+	doc string
+}{
+	{InvalidSpec, "rejected: the job spec is invalid; problems lists every problem"},
+	{WaitingForCluster, "queued: another run holds the cluster"},
+	{ReasonCancelled, "cancelled: a user asked to cancel the run"},
+	{DeadlineExceeded, "failed: an attempt ran longer than limits.deadline"},
+	{StartDeadlineExceeded, "failed: an attempt did not start running within limits.startDeadline"},
+	{ApplicationError, "failed: the training code failed (the message has its error); a retry cannot fix it"},
+	{InfrastructureFailure, "failed: the RayJob was lost or ended without the trainer's completion mark, on every attempt limits.retries allows"},
+	{InvalidJob, "failed: KubeRay refused the RayJob (ValidationFailed)"},
+	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
+}
+
+// Reasons returns every reason with what it means.
+func Reasons() map[Reason]string {
+	out := map[Reason]string{}
+	for _, r := range reasons {
+		out[r.Reason] = r.doc
+	}
+	return out
+}
+
+// Ending is how a run is to end, decided before finalize runs.
+type Ending struct {
+	Outcome Outcome
+	Reason  Reason // empty only for success
+	Message string // for people: what happened, with the details
+}
+
+// Check refuses an ending that is not one a run can have.
+func (e Ending) Check() error {
+	switch e.Outcome {
+	case OutcomeSucceeded:
+		return nil
+	case OutcomeFailed, OutcomeCancelled:
+		if _, ok := Reasons()[e.Reason]; !ok {
+			return fmt.Errorf("a %s run needs a known reason, not %q", e.Outcome, e.Reason)
+		}
+		return nil
+	}
+	return fmt.Errorf("outcome %q is not succeeded, failed or cancelled", e.Outcome)
+}
