@@ -49,6 +49,13 @@ test: lint go-test infra-check localcloud-test trainer-contract ## Everything CI
 go-test: tools ## Go tests with the race detector against a real kube-apiserver + etcd
 	$(GO) test $(GO_TEST_FLAGS) ./...
 
+FUZZ_N ?= 10000
+FUZZ_SEED ?= 1
+
+.PHONY: fuzz
+fuzz: ## Random interleavings of deliveries, crashes and cancellations against the real handlers (FUZZ_N=10000 from FUZZ_SEED=1; make test plays 60)
+	$(GO) test -count=1 -timeout 120m -run TestRandomInterleavings ./functions/flow -args -interleavings $(FUZZ_N) -seed $(FUZZ_SEED)
+
 .PHONY: localcloud-test
 localcloud-test: tools ## The local cloud's own tests, the end-to-end suite on it, then the proof suite (faults, bad input, secrets)
 	cd infra/localcloud && $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)

@@ -1,10 +1,15 @@
 package raydrop
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
 type goPackage struct {
@@ -77,4 +82,42 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestEveryFunctionHasAHandler: the root package registers a handler for
+// every function of the wiring table, and no other.
+func TestEveryFunctionHasAHandler(t *testing.T) {
+	names := map[string]bool{}
+	for _, f := range pipeline.Functions {
+		names[f.Name] = true
+		if serve[f.Name] == nil {
+			t.Errorf("function %s of the wiring table has no handler in serve", f.Name)
+		}
+	}
+	for name := range serve {
+		if !names[name] {
+			t.Errorf("serve has %s, which the wiring table does not list", name)
+		}
+	}
+}
+
+// TestHandlerFilesAreShort: every handler file reads top to bottom as the
+// steps it takes; one that grows past 250 lines is split by concern.
+func TestHandlerFilesAreShort(t *testing.T) {
+	files, err := filepath.Glob("functions/*/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no handler files: %v", err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := bytes.Count(b, []byte("\n")); n > 250 {
+			t.Errorf("%s has %d lines, more than 250", f, n)
+		}
+	}
 }

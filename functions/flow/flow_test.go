@@ -57,6 +57,8 @@ type world struct {
 	// current is the function handling the event being delivered: every
 	// message it publishes must go to a topic the wiring table lists for it.
 	current *pipeline.Function
+	// faulty: faults are injected, so transient failures are expected.
+	faulty bool
 }
 
 type msg struct {
@@ -93,36 +95,43 @@ func newWorld(t *testing.T) *world {
 	if testing.Verbose() {
 		out = os.Stderr
 	}
-	w.deps.Log = slog.New(&failOnSweepError{Handler: slog.NewTextHandler(out, nil), t: t})
+	w.deps.Log = slog.New(&failOnSweepError{Handler: slog.NewTextHandler(out, nil), t: t, onlyPermanent: &w.faulty})
 	return w
 }
 
 // failOnSweepError fails the test when a sweep reports a check that failed:
 // the sweep logs such errors and goes on (the next tick tries again), so
 // without this a step the sweep can never take would pass unseen.
+// Where faults are injected (interleave_test.go), a check may fail for a
+// while, so only a permanent failure fails the test there.
 type failOnSweepError struct {
 	slog.Handler
-	t *testing.T
+	t             *testing.T
+	onlyPermanent *bool
 }
 
 func (h *failOnSweepError) Handle(ctx context.Context, r slog.Record) error {
 	if r.Message == "sweep_check_failed" {
 		var msg string
+		permanent := false
 		r.Attrs(func(a slog.Attr) bool {
 			msg += " " + a.String()
+			permanent = permanent || a.Key == "permanent" && a.Value.Bool()
 			return true
 		})
-		h.t.Errorf("sweep check failed:%s", msg)
+		if permanent || !*h.onlyPermanent {
+			h.t.Errorf("sweep check failed:%s", msg)
+		}
 	}
 	return h.Handler.Handle(ctx, r)
 }
 
 func (h *failOnSweepError) WithAttrs(as []slog.Attr) slog.Handler {
-	return &failOnSweepError{Handler: h.Handler.WithAttrs(as), t: h.t}
+	return &failOnSweepError{Handler: h.Handler.WithAttrs(as), t: h.t, onlyPermanent: h.onlyPermanent}
 }
 
 func (h *failOnSweepError) WithGroup(name string) slog.Handler {
-	return &failOnSweepError{Handler: h.Handler.WithGroup(name), t: h.t}
+	return &failOnSweepError{Handler: h.Handler.WithGroup(name), t: h.t, onlyPermanent: h.onlyPermanent}
 }
 
 // Publish records a message for delivery (the Publisher of the functions).

@@ -80,7 +80,7 @@ func (h *Handler) checkAll(ctx context.Context, runIDs []string, jobs map[string
 	for _, runID := range runIDs {
 		g.Go(func() error {
 			if err := h.check(ctx, runID, jobs); err != nil {
-				h.Deps.Log.Warn("sweep_check_failed", "run_id", runID, "error", err.Error())
+				h.Deps.Log.Warn("sweep_check_failed", "run_id", runID, "error", err.Error(), "permanent", pipeline.IsPermanent(err))
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()

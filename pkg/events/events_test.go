@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,12 +13,24 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
 func schemaPath(phase string) string { return "../../schemas/events/" + events.Type(phase) + ".json" }
+
+// TestEveryReasonDocumented: every reason is in the schema with what it
+// means.
+func TestEveryReasonDocumented(t *testing.T) {
+	s := string(events.Schema("failed"))
+	for r, doc := range runs.Reasons() {
+		if doc == "" || !strings.Contains(s, `"const": "`+string(r)+`"`) {
+			t.Errorf("reason %s is not documented in the event schema", r)
+		}
+	}
+}
 
 // TestSchemasUpToDate keeps schemas/events/ equal to the generated schemas.
 func TestSchemasUpToDate(t *testing.T) {
@@ -62,7 +75,11 @@ func TestEventsValidate(t *testing.T) {
 	base := events.Run{RunID: "job-0123456789ab", Name: "job", Source: "gs://intake/jobs/job.json#1"}
 	good := map[string]events.Run{
 		"accepted": base,
-		"queued":   base,
+		"queued": func() events.Run {
+			r := base
+			r.Reason, r.Message = runs.WaitingForCluster, "waiting for cluster c held by run other"
+			return r
+		}(),
 		"running":  withAttempt(base),
 		"succeeded": func() events.Run {
 			r := withAttempt(base)
@@ -76,12 +93,12 @@ func TestEventsValidate(t *testing.T) {
 		}(),
 		"failed": func() events.Run {
 			r := withAttempt(base)
-			r.Reason, r.Checkpoints, r.Timings, r.EndedAt = "application error", []checkpoints.Checkpoint{}, map[string]float64{}, &end
+			r.Reason, r.Message, r.Checkpoints, r.Timings, r.EndedAt = runs.ApplicationError, "training failed: ValueError", []checkpoints.Checkpoint{}, map[string]float64{}, &end
 			return r
 		}(),
 		"rejected": func() events.Run {
 			r := base
-			r.Reason, r.Problems, r.Timings, r.EndedAt = "invalid job spec", []spec.Problem{{Path: "lora.r", Message: "0 is out of range"}}, map[string]float64{}, &end
+			r.Reason, r.Message, r.Problems, r.Timings, r.EndedAt = runs.InvalidSpec, "invalid job spec", []spec.Problem{{Path: "lora.r", Message: "0 is out of range"}}, map[string]float64{}, &end
 			return r
 		}(),
 	}
@@ -99,6 +116,15 @@ func TestEventsValidate(t *testing.T) {
 		}
 		if back.ID() != data.RunID+"/"+phase || back.Type() != events.Type(phase) || back.Subject() != "runs/"+data.RunID || !bytes.Equal(back.Data(), e.Data()) {
 			t.Errorf("%s: round trip changed the event: %v", phase, back)
+		}
+	}
+	// A failed event must carry a reason the schema lists.
+	for _, reason := range []runs.Reason{"", "SomethingElse"} {
+		f := good["failed"]
+		f.Phase, f.Reason = "failed", reason
+		e, _ := events.New("//raydrop.dev/test", f, end)
+		if err := compile(t, "failed").Validate(decode(t, e.Data())); err == nil {
+			t.Errorf("schema accepts a failed event with reason %q", reason)
 		}
 	}
 	// A succeeded event without checkpoints is refused.

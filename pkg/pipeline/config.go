@@ -33,6 +33,16 @@ type Config struct {
 	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
 }
 
+// DefaultTopics are the topics when no RAYDROP_TOPIC_* variable names
+// them: raydrop-<key>.
+func DefaultTopics() Topics {
+	var t Topics
+	for _, k := range TopicKeys {
+		*t.field(k) = "raydrop-" + k
+	}
+	return t
+}
+
 // TopicEnv is the variable that names the topic of a key.
 func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key) }
 
@@ -64,8 +74,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		GKECluster:   get("RAYDROP_GKE_CLUSTER", ""),
 		EventBus:     get("RAYDROP_EVENT_BUS", ""),
 	}
+	def := DefaultTopics()
 	for _, k := range TopicKeys {
-		*c.Topics.field(k) = get(TopicEnv(k), "raydrop-"+k)
+		*c.Topics.field(k) = get(TopicEnv(k), def.Name(k))
 	}
 	if c.Kubeconfig == "" && c.GKECluster == "" {
 		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))

@@ -360,7 +360,7 @@ func shellInEveryField(t *testing.T) {
 						problems = append(problems, fmt.Sprintf("%s=%q rejected without naming the field: %v", field, payload, rec.Problems))
 					}
 				case rec.Phase != runs.Succeeded:
-					problems = append(problems, fmt.Sprintf("%s=%q: run ended %s (%s)", field, payload, rec.Phase, rec.Reason))
+					problems = append(problems, fmt.Sprintf("%s=%q: run ended %s (%s)", field, payload, rec.Phase, rec.Message))
 				default:
 					report.Note(scenario, fmt.Sprintf("%s takes any text: %q ran, its entrypoint is checked by the shell test", field, payload))
 				}

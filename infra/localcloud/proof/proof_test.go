@@ -266,7 +266,7 @@ func checkRun(t *testing.T, scenario, runID, cluster string, want outcome) {
 		problems = append(problems, err.Error())
 		orphans++
 	} else if rec.Phase != want.phase {
-		problems = append(problems, fmt.Sprintf("run %s ended %s (%s), want %s", runID, rec.Phase, rec.Reason, want.phase))
+		problems = append(problems, fmt.Sprintf("run %s ended %s (%s), want %s", runID, rec.Phase, rec.Message, want.phase))
 	}
 	// The terminal event follows the run's end within the recovery bound,
 	// even when the delivery that ended it died before announcing it.

@@ -148,7 +148,7 @@ func TestSucceeds(t *testing.T) {
 	runID := upload(t, "success", specFor(t, "e2e-success", nil), "steps=3,step=300ms")
 	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("run ended %s: %s", r.Phase, r.Reason)
+		t.Fatalf("run ended %s: %s", r.Phase, r.Message)
 	}
 	evs := eventsOf(t, runID)
 	if count(evs, "accepted") != 1 || count(evs, "running") != 1 || count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
@@ -174,8 +174,8 @@ func TestApplicationFailure(t *testing.T) {
 	t.Parallel()
 	runID := upload(t, "appfail", specFor(t, "e2e-appfail", nil), "outcome=fail,at=3,step=200ms")
 	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
-	if r.Phase != runs.Failed || r.Attempt != 1 || !strings.Contains(r.Reason, "training failed") {
-		t.Fatalf("phase %s attempt %d reason %q; want FAILED on attempt 1 with the training error", r.Phase, r.Attempt, r.Reason)
+	if r.Phase != runs.Failed || r.Attempt != 1 || r.Reason != runs.ApplicationError || !strings.Contains(r.Message, "training failed") {
+		t.Fatalf("phase %s attempt %d reason %s %q; want FAILED on attempt 1 with the training error", r.Phase, r.Attempt, r.Reason, r.Message)
 	}
 	if evs := eventsOf(t, runID); count(evs, "failed") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
@@ -188,7 +188,7 @@ func TestHeadLossRetriesAndResumes(t *testing.T) {
 	runID := upload(t, "headloss", specFor(t, "e2e-headloss", nil), "outcome=lose-head,at=6,steps=3,step=200ms")
 	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded || r.Attempt != 2 {
-		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 2", r.Phase, r.Attempt, r.Reason)
+		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 2", r.Phase, r.Attempt, r.Message)
 	}
 	if a := r.CurrentAttempt(); a == nil || !strings.Contains(a.ResumeFrom, "attempt-1/") {
 		t.Errorf("attempt 2 does not resume from attempt 1's checkpoint: %+v", a)
@@ -203,8 +203,8 @@ func TestHangHitsDeadline(t *testing.T) {
 	t.Parallel()
 	runID := upload(t, "hang", specFor(t, "e2e-hang", map[string]any{"limits": map[string]any{"deadline": "1m", "startDeadline": "1m"}}), "outcome=hang,at=2,step=200ms")
 	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
-	if r.Phase != runs.Failed || !strings.Contains(r.Reason, "deadline") {
-		t.Fatalf("phase %s reason %q; want FAILED by the deadline", r.Phase, r.Reason)
+	if r.Phase != runs.Failed || r.Reason != runs.DeadlineExceeded {
+		t.Fatalf("phase %s reason %s %q; want FAILED by the deadline", r.Phase, r.Reason, r.Message)
 	}
 	if n := rayJobsOf(t, runID); n != 0 {
 		t.Errorf("%d RayJobs left after the deadline, want 0 (deleted)", n)
@@ -219,7 +219,7 @@ func TestCancel(t *testing.T) {
 	cancelRun(t, runID)
 	r := waitPhase(t, runID, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded)
 	if r.Phase != runs.Cancelled {
-		t.Fatalf("phase %s (%s), want CANCELLED", r.Phase, r.Reason)
+		t.Fatalf("phase %s (%s), want CANCELLED", r.Phase, r.Message)
 	}
 	if evs := eventsOf(t, runID); count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
@@ -253,19 +253,19 @@ func TestCancelWhileQueued(t *testing.T) {
 	waitPhase(t, queued, 60*time.Second, runs.Queued)
 	cancelRun(t, queued)
 	if r := waitPhase(t, queued, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded); r.Phase != runs.Cancelled {
-		t.Fatalf("queued run %s (%s), want CANCELLED", r.Phase, r.Reason)
+		t.Fatalf("queued run %s (%s), want CANCELLED", r.Phase, r.Message)
 	}
 	if evs := eventsOf(t, queued); count(evs, "queued") != 1 || count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("queued run's events %+v", evs)
 	}
 	cancelRun(t, first)
 	if r := waitPhase(t, first, 60*time.Second, runs.Cancelled, runs.Failed, runs.Succeeded); r.Phase != runs.Cancelled {
-		t.Fatalf("first run %s (%s), want CANCELLED", r.Phase, r.Reason)
+		t.Fatalf("first run %s (%s), want CANCELLED", r.Phase, r.Message)
 	}
 	third := upload(t, "cancel-queued-third", data, "steps=2,step=200ms")
 	r := waitPhase(t, third, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("third run %s (%s), want SUCCEEDED", r.Phase, r.Reason)
+		t.Fatalf("third run %s (%s), want SUCCEEDED", r.Phase, r.Message)
 	}
 	if _, queued := r.Times[runs.Queued]; queued {
 		t.Errorf("third run was queued (%v) on a cluster nobody held", r.Times)
@@ -288,7 +288,7 @@ func TestDuplicateRequests(t *testing.T) {
 	}
 	r := waitPhase(t, "e2e-duplicate-request", 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+		t.Fatalf("phase %s (%s)", r.Phase, r.Message)
 	}
 	if evs := eventsOf(t, r.RunID); count(evs, "accepted") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
@@ -371,7 +371,7 @@ func TestDuplicateStorageEvents(t *testing.T) {
 	}
 	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+		t.Fatalf("phase %s (%s)", r.Phase, r.Message)
 	}
 	if evs := eventsOf(t, runID); count(evs, "accepted") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
@@ -392,7 +392,7 @@ func TestQueueOnOneCluster(t *testing.T) {
 	ra := waitPhase(t, a, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	rb := waitPhase(t, b, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if ra.Phase != runs.Succeeded || rb.Phase != runs.Succeeded {
-		t.Fatalf("phases %s (%s), %s (%s)", ra.Phase, ra.Reason, rb.Phase, rb.Reason)
+		t.Fatalf("phases %s (%s), %s (%s)", ra.Phase, ra.Reason, rb.Phase, rb.Message)
 	}
 	first, second := ra, rb
 	if _, queued := ra.Times[runs.Queued]; queued {
@@ -419,7 +419,7 @@ func TestLostFinishedMessage(t *testing.T) {
 	runID := upload(t, "lost-finished", specFor(t, "e2e-lost", nil), "steps=2,step=200ms")
 	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
-		t.Fatalf("phase %s (%s)", r.Phase, r.Reason)
+		t.Fatalf("phase %s (%s)", r.Phase, r.Message)
 	}
 	if got := st.Adapter.Stats()["finalize"].Dropped; got != 1 {
 		t.Errorf("finalize pushes dropped: %d, want 1", got)

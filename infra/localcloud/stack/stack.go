@@ -40,6 +40,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
 // Names of the local deployment.
@@ -55,9 +56,7 @@ const (
 )
 
 // Topics of the deployment, as the functions' defaults name them.
-var Topics = struct{ Requests, Provisioned, Submitted, Ticks, Finished, Events string }{
-	"raydrop-requests", "raydrop-provisioned", "raydrop-submitted", "raydrop-ticks", "raydrop-finished", "raydrop-events",
-}
+var Topics = pipeline.DefaultTopics()
 
 // BuildEnv is the build environment of the deployed functions (the build
 // environment variables in infra/gcp/functions.tf): Cloud Storage's
@@ -157,7 +156,11 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.PS, err = s.PubSub.NewClient(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.PubSub.CreateTopics(ctx, Topics.Requests, Topics.Provisioned, Topics.Submitted, Topics.Ticks, Topics.Finished, Topics.Events, NotifyTopic); err != nil {
+	topics := []string{NotifyTopic}
+	for _, k := range pipeline.TopicKeys {
+		topics = append(topics, Topics.Name(k))
+	}
+	if err := s.PubSub.CreateTopics(ctx, topics...); err != nil {
 		return nil, err
 	}
 	fake, err := emulators.FakeGCSBinary()
@@ -215,27 +218,10 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		targets[fn] = f.url()
 	}
 
-	routes := []eventarc.Route{
-		{Name: "provision-intake", Kind: eventarc.StorageFinalized, Target: targets["Provision"], Bucket: IntakeBucket},
-		{Name: "provision-requests", Kind: eventarc.PubSubPublished, Target: targets["Provision"], Topic: s.PubSub.TopicName(Topics.Requests)},
-		{Name: "submit", Kind: eventarc.PubSubPublished, Target: targets["Submit"], Topic: s.PubSub.TopicName(Topics.Provisioned)},
-		{Name: "monitor-submitted", Kind: eventarc.PubSubPublished, Target: targets["Monitor"], Topic: s.PubSub.TopicName(Topics.Submitted)},
-		{Name: "monitor-ticks", Kind: eventarc.PubSubPublished, Target: targets["Monitor"], Topic: s.PubSub.TopicName(Topics.Ticks)},
-		{Name: "finalize", Kind: eventarc.PubSubPublished, Target: targets["Finalize"], Topic: s.PubSub.TopicName(Topics.Finished)},
-	}
-	for _, b := range o.OutputBuckets {
-		routes = append(routes, eventarc.Route{Name: "monitor-marks-" + b, Kind: eventarc.StorageFinalized, Target: targets["Monitor"], Bucket: b})
-	}
+	routes, topicOf := s.routes(targets, o.OutputBuckets)
 	s.Adapter = eventarc.New(routes, o.Log.With("part", "eventarc"), nil)
 	if _, err := s.Adapter.Start(ctx); err != nil {
 		return nil, err
-	}
-	topicOf := map[string]string{
-		"provision-intake": NotifyTopic, "provision-requests": Topics.Requests, "submit": Topics.Provisioned,
-		"monitor-submitted": Topics.Submitted, "monitor-ticks": Topics.Ticks, "finalize": Topics.Finished,
-	}
-	for _, b := range o.OutputBuckets {
-		topicOf["monitor-marks-"+b] = NotifyTopic
 	}
 	s.step("creating the push subscriptions (retry 1s..10s, dead-letter after 10 attempts)")
 	for _, r := range routes {
@@ -253,8 +239,43 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	return s, nil
 }
 
-// Functions are the four functions' entry points.
-var Functions = []string{"Provision", "Submit", "Monitor", "Finalize"}
+// Functions are the functions' entry points (pipeline.Functions).
+var Functions = func() []string {
+	var out []string
+	for _, f := range pipeline.Functions {
+		out = append(out, f.EntryPoint)
+	}
+	return out
+}()
+
+// routes are Eventarc's routes of the wiring table (pipeline.Functions), to
+// the functions' targets by entry point, with the topic each route's push
+// subscription reads: a Pub/Sub trigger's own topic, or the topic of the
+// buckets' object notifications. A trigger on the checkpoint buckets is
+// one route per bucket, named <trigger>-<bucket>.
+func (s *Stack) routes(targets map[string]string, outputs []string) ([]eventarc.Route, map[string]string) {
+	var routes []eventarc.Route
+	topicOf := map[string]string{}
+	for _, f := range pipeline.Functions {
+		target := targets[f.EntryPoint]
+		for _, tr := range f.Triggers {
+			switch tr.Bucket {
+			case "":
+				routes = append(routes, eventarc.Route{Name: tr.Name, Kind: eventarc.PubSubPublished, Target: target, Topic: s.PubSub.TopicName(Topics.Name(tr.Topic))})
+				topicOf[tr.Name] = Topics.Name(tr.Topic)
+			case pipeline.BucketIntake:
+				routes = append(routes, eventarc.Route{Name: tr.Name, Kind: eventarc.StorageFinalized, Target: target, Bucket: IntakeBucket})
+				topicOf[tr.Name] = NotifyTopic
+			case pipeline.BucketArtifacts:
+				for _, b := range outputs {
+					routes = append(routes, eventarc.Route{Name: tr.Name + "-" + b, Kind: eventarc.StorageFinalized, Target: target, Bucket: b})
+					topicOf[tr.Name+"-"+b] = NotifyTopic
+				}
+			}
+		}
+	}
+	return routes, topicOf
+}
 
 // function is one function's process, run as the Cloud Run functions Go
 // runtime would: the buildpack-style binary with FUNCTION_TARGET and PORT.

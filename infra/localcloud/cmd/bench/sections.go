@@ -324,7 +324,7 @@ func (b *bench) oneRun(name, cluster string) (float64, float64, error) {
 	}
 	term := probe.Terminal(evs)
 	if term.Phase != "succeeded" {
-		return 0, 0, fmt.Errorf("run %s ended %s: %s", runID, term.Phase, term.Reason)
+		return 0, 0, fmt.Errorf("run %s ended %s: %s", runID, term.Phase, term.Message)
 	}
 	created := b.jobs.Of(runID)
 	if len(created) != 1 {

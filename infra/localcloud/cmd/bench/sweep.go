@@ -166,16 +166,16 @@ func seedRun(b *bench, ray rayclient.Interface, store *runs.Store, base *spec.Jo
 		return err
 	}
 	now := time.Now().UTC()
-	rec := &runs.Record{
-		APIVersion: spec.APIVersion, RunID: runID, Name: "sweep", Source: "bench", Spec: &s, SpecHash: s.Hash(),
-		Cluster: s.Cluster.Name, Namespace: s.Cluster.Namespace, Attempt: 1,
-		Attempts:  []runs.Attempt{{N: 1, RayJob: job.Name, CreatedAt: now, RunningAt: &now}},
-		Published: []runs.Phase{runs.Accepted, runs.Running},
-		CreatedAt: now,
+	rec := runs.NewRecord(runID, "bench", "sweep", &s, nil, now)
+	rec.Published = []runs.Phase{runs.Accepted, runs.Running}
+	for _, mark := range []func() error{
+		func() error { return rec.MarkProvisioned(runs.Attempt{N: 1, RayJob: job.Name}, "", now) },
+		func() error { return rec.MarkSubmitted(1, now) },
+		func() error { return rec.MarkRunning(1, now) },
+	} {
+		if err := mark(); err != nil {
+			return err
+		}
 	}
-	rec.Enter(runs.Accepted, now)
-	rec.Enter(runs.Provisioned, now)
-	rec.Enter(runs.Submitted, now)
-	rec.Enter(runs.Running, now)
 	return store.Create(ctx, rec)
 }

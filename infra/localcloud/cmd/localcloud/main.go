@@ -167,7 +167,7 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) er
 				return err
 			}
 			if r.Phase != lastPhase {
-				fmt.Printf("%6.1fs  phase %s %s\n", time.Since(start).Seconds(), r.Phase, r.Reason)
+				fmt.Printf("%6.1fs  phase %s %s\n", time.Since(start).Seconds(), r.Phase, r.Message)
 				lastPhase = r.Phase
 			}
 			if p := r.Progress; p != nil && p.Step != lastStep {
@@ -181,7 +181,7 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) er
 		}
 	}
 	if final.Phase != "succeeded" {
-		return fmt.Errorf("run %s ended %s: %s", runID, final.Phase, final.Reason)
+		return fmt.Errorf("run %s ended %s: %s", runID, final.Phase, final.Message)
 	}
 	for _, c := range final.Checkpoints {
 		bucket, prefix, _ := strings.Cut(strings.TrimPrefix(c.URI, "gs://"), "/")

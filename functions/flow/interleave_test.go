@@ -1,0 +1,475 @@
+package flow_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+var (
+	interleavings = flag.Int("interleavings", 60, "random interleavings TestRandomInterleavings plays (make fuzz plays 10,000)")
+	firstSeed     = flag.Uint64("seed", 1, "seed of TestRandomInterleavings' first interleaving")
+)
+
+// TestRandomInterleavings plays random interleavings of what the platform
+// and the users do to the pipeline, against the real handlers: duplicate,
+// late, reordered and lost deliveries, instances that crash between two
+// writes (before or after a write, then every later call of that delivery
+// fails, as in a dead process), cancellations, ticks, and RayJobs that run,
+// succeed, fail or are lost. After every step it checks that a terminal
+// phase never changes, that a run has at most one terminal event (a copy
+// under the same CloudEvent ID only where the delivery that published it
+// died before recording it), that no event follows a terminal one, and that
+// an announced run holds no lease. Then the faults stop, the platform keeps
+// delivering and ticking, and every run must end, announced once, with the
+// lease free and the cluster's workers at zero.
+//
+// Each interleaving is one seed; a failure names it, and
+//
+//	go test ./functions/flow -run TestRandomInterleavings -seed N -interleavings 1 -v
+//
+// replays it with its steps.
+func TestRandomInterleavings(t *testing.T) {
+	for i := range *interleavings {
+		seed := *firstSeed + uint64(i)
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			c := newChaos(t, seed)
+			c.play(40)
+			c.settle()
+		})
+	}
+}
+
+// errCrash is an injected crash.
+var errCrash = errors.New("injected crash: the instance died")
+
+// chaos drives one interleaving.
+type chaos struct {
+	*world
+	rng       *rand.Rand
+	inflight  []msg             // delivered at least once more, in any order
+	crashed   bool              // the delivery in progress has crashed
+	faults    bool              // inject crashes
+	published []string          // CloudEvent IDs the delivery in progress published
+	mayRepeat map[string]bool   // IDs whose publisher died before recording them
+	ended     map[string]string // run → the terminal phase it reached
+	specs     []string          // run IDs, in upload order
+	steps     []string
+}
+
+func newChaos(t *testing.T, seed uint64) *chaos {
+	w := newWorld(t)
+	w.faulty = true
+	c := &chaos{world: w, rng: rand.New(rand.NewPCG(seed, seed)), faults: true, mayRepeat: map[string]bool{}, ended: map[string]string{}}
+	d := w.deps
+	d.Runs = faultyRuns{d.Runs, c}
+	d.Leases = faultyLeases{d.Leases, c}
+	d.Publisher = faultyPublisher{c}
+	return c
+}
+
+// fault decides whether the call the delivery in progress makes now
+// crashes, and whether before or after its write.
+func (c *chaos) fault() (before, after bool) {
+	if c.crashed {
+		return true, false
+	}
+	if !c.faults || c.current == nil || c.rng.Float64() > 0.04 {
+		return false, false
+	}
+	c.crashed = true
+	if c.rng.IntN(2) == 0 {
+		return true, false
+	}
+	return false, true
+}
+
+func (c *chaos) wrap(op func() error) error {
+	before, after := c.fault()
+	if before {
+		return errCrash
+	}
+	err := op()
+	if after {
+		return errCrash
+	}
+	return err
+}
+
+func (c *chaos) step(format string, args ...any) {
+	c.steps = append(c.steps, fmt.Sprintf("%3d %s", len(c.steps), fmt.Sprintf(format, args...)))
+}
+
+func (c *chaos) fail(format string, args ...any) {
+	c.t.Helper()
+	c.t.Fatalf("%s\nsteps:\n%s", fmt.Sprintf(format, args...), strings.Join(c.steps, "\n"))
+}
+
+// play makes n random moves, checking the invariants after each.
+func (c *chaos) play(n int) {
+	for range n {
+		c.collect()
+		switch r := c.rng.IntN(100); {
+		case len(c.specs) == 0 || r < 10 && len(c.specs) < 3:
+			c.upload()
+		case r < 55 && len(c.inflight) > 0:
+			c.deliverOne(c.rng.IntN(10) == 0)
+		case r < 60 && len(c.inflight) > 0:
+			i := c.rng.IntN(len(c.inflight))
+			c.step("lose %s %s", c.inflight[i].topic, c.inflight[i].data)
+			c.inflight = slices.Delete(c.inflight, i, i+1)
+		case r < 75:
+			c.now = c.now.Add(time.Duration(c.rng.IntN(30)) * time.Second)
+			c.tick()
+		case r < 80:
+			// A user cancels a run they saw: one that has a record (a
+			// cancellation naming no run is refused as bad input).
+			id := c.specs[c.rng.IntN(len(c.specs))]
+			if _, err := c.world.deps.Runs.Get(c.ctx, id); err == nil {
+				c.step("cancel %s", id)
+				c.enqueue(c.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": id})
+			}
+		default:
+			c.kuberay(c.specs[c.rng.IntN(len(c.specs))])
+		}
+		c.collect()
+		c.check()
+	}
+}
+
+// settle stops the faults and lets the platform go on until every run has
+// ended, then checks the end state.
+func (c *chaos) settle() {
+	c.faults = false
+	c.step("faults stop")
+	for round := 0; round < 30; round++ {
+		// Every message in flight is delivered; one that fails comes back
+		// in the next round, after the clock moved (Pub/Sub's back-off),
+		// so a claim its crashed delivery left can expire.
+		for range 200 {
+			if c.collect(); len(c.inflight) == 0 {
+				break
+			}
+			c.deliverOne(false)
+		}
+		open := 0
+		for _, id := range c.specs {
+			r, err := c.deps.Runs.Get(c.ctx, id)
+			if errors.Is(err, runs.ErrNotFound) {
+				continue // its intake was lost before it made a record
+			}
+			if err != nil {
+				c.fail("read %s: %v", id, err)
+			}
+			if !r.Phase.Terminal() || r.Unannounced() {
+				open++
+				if r.Phase.HasJob() {
+					c.succeedJob(id, r.Attempt)
+				}
+			}
+		}
+		if open == 0 && round > 0 {
+			c.check()
+			c.checkEnd()
+			return
+		}
+		c.now = c.now.Add(c.deps.Config.ScaleDownAge + time.Second)
+		c.tick()
+		c.check()
+	}
+	c.fail("runs did not end after the faults stopped")
+}
+
+// collect moves what the handlers published into the in-flight set.
+func (c *chaos) collect() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight = append(c.inflight, c.queue...)
+	c.queue = nil
+}
+
+func (c *chaos) enqueue(topic string, data []byte, attrs map[string]string) {
+	c.mu.Lock()
+	c.queue = append(c.queue, msg{topic, data, attrs})
+	c.mu.Unlock()
+}
+
+func (c *chaos) upload() {
+	name := fmt.Sprintf("jobs/run-%d.json", len(c.specs))
+	e := c.world.upload(name, example(c.t))
+	id := names.RunIDFromObject(intake, name, mustGen(c.t, e))
+	c.specs = append(c.specs, id)
+	c.step("upload %s (run %s)", name, id)
+	c.inflight = append(c.inflight, msg{topic: "intake", data: e.Data(), attrs: map[string]string{"event-id": e.ID(), "subject": e.Subject()}})
+}
+
+// deliverOne delivers a random in-flight message (keeping a copy to deliver
+// again when dup); a failed delivery goes back, as Pub/Sub redelivers it.
+func (c *chaos) deliverOne(dup bool) {
+	i := c.rng.IntN(len(c.inflight))
+	m := c.inflight[i]
+	if !dup {
+		c.inflight = slices.Delete(c.inflight, i, i+1)
+	}
+	var e event.Event
+	if m.topic == "intake" {
+		e = event.New()
+		e.SetID(m.attrs["event-id"])
+		e.SetType(pipeline.StorageFinalized)
+		e.SetSource("//storage.googleapis.com/projects/_/buckets/" + intake)
+		e.SetSubject(m.attrs["subject"])
+		_ = e.SetData("application/json", m.data)
+	} else {
+		e = c.pubsubEvent(m.topic, m.data, m.attrs)
+	}
+	c.crashed, c.published = false, nil
+	err := c.deliver(m.topic, e)
+	crashed := c.crashed
+	c.crashed = false
+	if crashed {
+		for _, id := range c.published {
+			c.mayRepeat[id] = true
+		}
+	}
+	c.step("deliver %s %s: crashed %v, error %v", m.topic, m.data, crashed, err)
+	switch {
+	case pipeline.IsPermanent(err):
+		c.fail("delivery of %s %s: %v", m.topic, m.data, err)
+	case err != nil:
+		c.inflight = append(c.inflight, m) // redelivered later
+	}
+}
+
+func (c *chaos) tick() {
+	c.step("tick at +%s", c.now.Sub(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)))
+	c.crashed, c.published = false, nil
+	err := c.deliver(c.deps.Config.Topics.Ticks, c.pubsubEvent(c.deps.Config.Topics.Ticks, []byte("tick"), nil))
+	if c.crashed {
+		for _, id := range c.published {
+			c.mayRepeat[id] = true
+		}
+	}
+	crashed := c.crashed
+	c.crashed = false
+	if err != nil && !crashed {
+		c.fail("tick: %v", err)
+	}
+}
+
+// kuberay moves the run's current RayJob on, as KubeRay and the trainer
+// would: it starts running, succeeds (with checkpoints and the completion
+// mark, and the mark's notification), fails in the training code, or is
+// lost with its head.
+func (c *chaos) kuberay(runID string) {
+	r, err := c.world.deps.Runs.Get(c.ctx, runID)
+	if err != nil || r.Attempt == 0 {
+		return
+	}
+	jobs := c.ray.RayV1().RayJobs("default")
+	j, err := jobs.Get(c.ctx, names.RayJob(runID, r.Attempt), metav1.GetOptions{})
+	if err != nil {
+		return // not created yet, or deleted
+	}
+	switch c.rng.IntN(4) {
+	case 0:
+		c.step("kuberay: %s running", j.Name)
+		c.setStatus(j, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	case 1:
+		c.step("kuberay: %s succeeded", j.Name)
+		c.succeedJob(runID, r.Attempt)
+	case 2:
+		c.step("kuberay: %s training failed", j.Name)
+		c.writeLayout(runID, r.Attempt, 1, "failed")
+		c.setStatus(j, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	case 3:
+		c.step("kuberay: %s lost its head", j.Name)
+		c.writeLayout(runID, r.Attempt, 1, "")
+		c.setStatus(j, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	}
+}
+
+func (c *chaos) succeedJob(runID string, attempt int) {
+	j, err := c.ray.RayV1().RayJobs("default").Get(c.ctx, names.RayJob(runID, attempt), metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	c.writeLayout(runID, attempt, 2, "succeeded")
+	c.setStatus(j, rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
+	mark := fmt.Sprintf("raydrop/%s/attempt-%d/raydrop_result.json", runID, attempt)
+	e := c.pubsubEvent("marks", nil, nil)
+	e.SetType(pipeline.StorageFinalized)
+	_ = e.SetData("application/json", fmt.Appendf(nil, `{"bucket":%q,"name":%q,"generation":"1"}`, output, mark))
+	c.crashed, c.published = false, nil
+	if err := c.deliver("marks", e); err != nil && !c.crashed {
+		c.fail("mark notification: %v", err)
+	}
+	c.crashed = false
+}
+
+func (c *chaos) setStatus(j *rayv1.RayJob, dep rayv1.JobDeploymentStatus, js rayv1.JobStatus) {
+	j.Status.JobDeploymentStatus, j.Status.JobStatus = dep, js
+	if _, err := c.ray.RayV1().RayJobs("default").UpdateStatus(c.ctx, j, metav1.UpdateOptions{}); err != nil {
+		c.fail("update rayjob status: %v", err)
+	}
+}
+
+// check verifies the invariants that hold after every step.
+func (c *chaos) check() {
+	c.t.Helper()
+	lease := c.rawLease()
+	for _, id := range c.specs {
+		r, err := c.world.deps.Runs.Get(c.ctx, id)
+		if errors.Is(err, runs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			c.fail("read %s: %v", id, err)
+		}
+		if was, ok := c.ended[id]; ok && string(r.Phase) != was {
+			c.fail("run %s ended %s, then became %s", id, was, r.Phase)
+		}
+		if r.Phase.Terminal() {
+			c.ended[id] = string(r.Phase)
+		}
+		if r.Phase.Terminal() && !r.Unannounced() && (lease.Holder == id || slices.Contains(lease.Queue, id)) {
+			c.fail("run %s ended and was announced but still has the lease %+v", id, lease)
+		}
+	}
+	for _, id := range c.specs {
+		var terminal []string
+		for i, e := range c.eventsOf(id) {
+			if len(terminal) > 0 && !(e.ID() == terminal[0] && c.mayRepeat[e.ID()]) {
+				c.fail("run %s: event %d (%s) after its terminal event %s", id, i, e.ID(), terminal[0])
+			}
+			if ph, ok := runs.PhaseOfEvent(strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1.")); ok && ph.Terminal() {
+				terminal = append(terminal, e.ID())
+			}
+		}
+	}
+}
+
+// checkEnd verifies the end state: every run ended and announced once, the
+// lease free and the cluster's workers at zero.
+func (c *chaos) checkEnd() {
+	c.t.Helper()
+	for _, id := range c.specs {
+		r, err := c.world.deps.Runs.Get(c.ctx, id)
+		if errors.Is(err, runs.ErrNotFound) {
+			continue
+		}
+		if err != nil || !r.Phase.Terminal() || r.Unannounced() {
+			c.fail("run %s: %v %v, want ended and announced", id, r, err)
+		}
+		var types []string
+		for _, e := range c.eventsOf(id) {
+			if !slices.Contains(types, e.Type()) {
+				types = append(types, e.Type())
+			}
+		}
+		if types[len(types)-1] != "dev.raydrop.run.v1."+r.Phase.Event() {
+			c.fail("run %s ended %s but its last event is %v", id, r.Phase, types)
+		}
+		if r.Phase != runs.Rejected && types[0] != "dev.raydrop.run.v1.accepted" {
+			c.fail("run %s: first event %s, want accepted", id, types[0])
+		}
+	}
+	if l := c.rawLease(); l.Holder != "" || len(l.Queue) != 0 {
+		c.fail("every run ended, yet the lease is %+v", l)
+	}
+	if _, err := c.ray.RayV1().RayClusters("default").Get(c.ctx, "gemma3-tuning", metav1.GetOptions{}); err == nil && c.workers() != 0 {
+		c.fail("every run ended, yet the cluster has %d workers", c.workers())
+	}
+}
+
+func (c *chaos) eventsOf(runID string) []event.Event {
+	var out []event.Event
+	for _, e := range c.events {
+		if strings.HasPrefix(e.ID(), runID+"/") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// rawLease reads the lease without injected faults.
+func (c *chaos) rawLease() *pipeline.Lease {
+	l, err := c.deps.Leases.(faultyLeases).LeaseStore.Get(c.ctx, "default", "gemma3-tuning")
+	if err != nil {
+		c.fail("read lease: %v", err)
+	}
+	return l
+}
+
+// faultyRuns injects crashes into the run store.
+type faultyRuns struct {
+	pipeline.Runs
+	c *chaos
+}
+
+func (f faultyRuns) Create(ctx context.Context, r *runs.Record) error {
+	return f.c.wrap(func() error { return f.Runs.Create(ctx, r) })
+}
+
+func (f faultyRuns) Get(ctx context.Context, runID string) (r *runs.Record, err error) {
+	err = f.c.wrap(func() error { r, err = f.Runs.Get(ctx, runID); return err })
+	return r, err
+}
+
+func (f faultyRuns) Update(ctx context.Context, runID string, fn func(*runs.Record) error) (r *runs.Record, err error) {
+	err = f.c.wrap(func() error { r, err = f.Runs.Update(ctx, runID, fn); return err })
+	return r, err
+}
+
+func (f faultyRuns) List(ctx context.Context) (s []runs.Summary, err error) {
+	err = f.c.wrap(func() error { s, err = f.Runs.List(ctx); return err })
+	return s, err
+}
+
+// faultyLeases injects crashes into the lease store.
+type faultyLeases struct {
+	pipeline.LeaseStore
+	c *chaos
+}
+
+func (f faultyLeases) Acquire(ctx context.Context, ns, cluster, runID string) (l *pipeline.Lease, err error) {
+	err = f.c.wrap(func() error { l, err = f.LeaseStore.Acquire(ctx, ns, cluster, runID); return err })
+	return l, err
+}
+
+func (f faultyLeases) Release(ctx context.Context, ns, cluster, runID string) (l *pipeline.Lease, next string, err error) {
+	err = f.c.wrap(func() error { l, next, err = f.LeaseStore.Release(ctx, ns, cluster, runID); return err })
+	return l, next, err
+}
+
+func (f faultyLeases) Get(ctx context.Context, ns, cluster string) (l *pipeline.Lease, err error) {
+	err = f.c.wrap(func() error { l, err = f.LeaseStore.Get(ctx, ns, cluster); return err })
+	return l, err
+}
+
+// faultyPublisher injects crashes into Pub/Sub publishing and notes the
+// public events a delivery published.
+type faultyPublisher struct{ c *chaos }
+
+func (f faultyPublisher) Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error {
+	return f.c.wrap(func() error {
+		if topic == f.c.deps.Config.Topics.Events {
+			f.c.published = append(f.c.published, attrs["ce-id"])
+		}
+		return f.c.world.Publish(ctx, topic, data, attrs)
+	})
+}

@@ -1,0 +1,116 @@
+package deploycheck
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/raydrop/raydrop/pkg/pipeline"
+)
+
+// TestHCLMatchesWiring checks the deployment (infra/gcp/functions.tf)
+// against the wiring table the functions, the local cloud and the flow
+// tests are built from: the same functions with the same entry points and
+// topics they publish to, the same triggers, and a variable for every topic.
+func TestHCLMatchesWiring(t *testing.T) {
+	const path = "../../gcp/functions.tf"
+	src, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, diags := hclsyntax.ParseConfig(src, path, hcl.InitialPos)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	attrs := map[string]*hclsyntax.Attribute{}
+	for _, b := range f.Body.(*hclsyntax.Body).Blocks {
+		if b.Type == "locals" {
+			for name, a := range b.Body.Attributes {
+				attrs[name] = a
+			}
+		}
+	}
+	value := func(name string) cty.Value {
+		a, ok := attrs[name]
+		if !ok {
+			t.Fatalf("%s has no local %s", path, name)
+		}
+		v, diags := a.Expr.Value(nil)
+		if diags.HasErrors() {
+			t.Fatalf("local %s: %v", name, diags)
+		}
+		return v
+	}
+	str := func(v cty.Value) string {
+		if v.IsNull() {
+			return ""
+		}
+		return v.AsString()
+	}
+
+	fns := value("functions")
+	if got, want := len(fns.AsValueMap()), len(pipeline.Functions); got != want {
+		t.Errorf("%s deploys %d functions, the wiring table has %d", path, got, want)
+	}
+	triggers := value("triggers").AsValueMap()
+	nTriggers := 0
+	for _, fn := range pipeline.Functions {
+		hf, ok := fns.AsValueMap()[fn.Name]
+		if !ok {
+			t.Errorf("%s does not deploy function %s", path, fn.Name)
+			continue
+		}
+		if ep := str(hf.GetAttr("entry_point")); ep != fn.EntryPoint {
+			t.Errorf("function %s: entry point %q in HCL, %q in the wiring table", fn.Name, ep, fn.EntryPoint)
+		}
+		var pubs []string
+		for _, v := range hf.GetAttr("publishes").AsValueSlice() {
+			pubs = append(pubs, v.AsString())
+		}
+		if !sameSet(pubs, fn.Publishes) {
+			t.Errorf("function %s publishes to %v in HCL, %v in the wiring table", fn.Name, pubs, fn.Publishes)
+		}
+		if hf.GetAttr("reads_artifacts").True() != fn.ReadsArtifacts {
+			t.Errorf("function %s: reads_artifacts differs from the wiring table (%v)", fn.Name, fn.ReadsArtifacts)
+		}
+		for _, tr := range fn.Triggers {
+			nTriggers++
+			ht, ok := triggers[tr.Name]
+			if !ok {
+				t.Errorf("%s has no trigger %s", path, tr.Name)
+				continue
+			}
+			if got := str(ht.GetAttr("function")); got != fn.Name {
+				t.Errorf("trigger %s goes to %s in HCL, to %s in the wiring table", tr.Name, got, fn.Name)
+			}
+			if topic, bucket := str(ht.GetAttr("topic")), str(ht.GetAttr("bucket")); topic != tr.Topic || bucket != tr.Bucket {
+				t.Errorf("trigger %s: topic %q bucket %q in HCL, %q %q in the wiring table", tr.Name, topic, bucket, tr.Topic, tr.Bucket)
+			}
+		}
+	}
+	if len(triggers) != nTriggers {
+		t.Errorf("%s has %d triggers, the wiring table %d", path, len(triggers), nTriggers)
+	}
+	env := attrs["function_env"]
+	if env == nil {
+		t.Fatalf("%s has no local function_env", path)
+	}
+	envSrc := string(env.SrcRange.SliceBytes(src))
+	for _, k := range pipeline.TopicKeys {
+		if !strings.Contains(envSrc, pipeline.TopicEnv(k)+" ") {
+			t.Errorf("function_env does not set %s", pipeline.TopicEnv(k))
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
