@@ -16,10 +16,10 @@ import (
 	"fmt"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
-	"github.com/cloudevents/sdk-go/v2/event"
 	// The buildpack's generated main imports funcframework; importing it here
 	// keeps the deployed dependency graph identical to the tested one.
 	_ "github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/raydrop/raydrop/functions/finalize"
 	"github.com/raydrop/raydrop/functions/monitor"

@@ -140,7 +140,7 @@ func (c *chaos) play(n int) {
 			// A user cancels a run they saw: one that has a record (a
 			// cancellation naming no run is refused as bad input).
 			id := c.specs[c.rng.IntN(len(c.specs))]
-			if _, err := c.world.deps.Runs.Get(c.ctx, id); err == nil {
+			if _, err := c.deps.Runs.Get(c.ctx, id); err == nil {
 				c.step("cancel %s", id)
 				c.enqueue(c.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": id})
 			}
@@ -276,7 +276,7 @@ func (c *chaos) tick() {
 // mark, and the mark's notification), fails in the training code, or is
 // lost with its head.
 func (c *chaos) kuberay(runID string) {
-	r, err := c.world.deps.Runs.Get(c.ctx, runID)
+	r, err := c.deps.Runs.Get(c.ctx, runID)
 	if err != nil || r.Attempt == 0 {
 		return
 	}
@@ -333,7 +333,7 @@ func (c *chaos) check() {
 	c.t.Helper()
 	lease := c.rawLease()
 	for _, id := range c.specs {
-		r, err := c.world.deps.Runs.Get(c.ctx, id)
+		r, err := c.deps.Runs.Get(c.ctx, id)
 		if errors.Is(err, runs.ErrNotFound) {
 			continue
 		}
@@ -353,7 +353,7 @@ func (c *chaos) check() {
 	for _, id := range c.specs {
 		var terminal []string
 		for i, e := range c.eventsOf(id) {
-			if len(terminal) > 0 && !(e.ID() == terminal[0] && c.mayRepeat[e.ID()]) {
+			if len(terminal) > 0 && (e.ID() != terminal[0] || !c.mayRepeat[e.ID()]) {
 				c.fail("run %s: event %d (%s) after its terminal event %s", id, i, e.ID(), terminal[0])
 			}
 			if ph, ok := runs.PhaseOfEvent(strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1.")); ok && ph.Terminal() {
@@ -368,7 +368,7 @@ func (c *chaos) check() {
 func (c *chaos) checkEnd() {
 	c.t.Helper()
 	for _, id := range c.specs {
-		r, err := c.world.deps.Runs.Get(c.ctx, id)
+		r, err := c.deps.Runs.Get(c.ctx, id)
 		if errors.Is(err, runs.ErrNotFound) {
 			continue
 		}
@@ -470,6 +470,6 @@ func (f faultyPublisher) Publish(ctx context.Context, topic string, data []byte,
 		if topic == f.c.deps.Config.Topics.Events {
 			f.c.published = append(f.c.published, attrs["ce-id"])
 		}
-		return f.c.world.Publish(ctx, topic, data, attrs)
+		return f.c.Publish(ctx, topic, data, attrs)
 	})
 }

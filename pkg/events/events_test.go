@@ -80,7 +80,7 @@ func TestEventsValidate(t *testing.T) {
 			r.Reason, r.Message = runs.WaitingForCluster, "waiting for cluster c held by run other"
 			return r
 		}(),
-		"running":  withAttempt(base),
+		"running": withAttempt(base),
 		"succeeded": func() events.Run {
 			r := withAttempt(base)
 			r.Checkpoints = []checkpoints.Checkpoint{ck}
