@@ -64,6 +64,9 @@ func TestEveryTransitionIsTested(t *testing.T) {
 // run exactly when the lifecycle allows it, and a refusal changes nothing.
 func TestTransitions(t *testing.T) {
 	for tr, from := range Transitions() {
+		if mark[tr] == nil {
+			continue // TestEveryTransitionIsTested reports it
+		}
 		for _, p := range Phases() {
 			r := inPhase(p)
 			before := inPhase(p)
