@@ -221,8 +221,14 @@ func TestCancel(t *testing.T) {
 	if r.Phase != runs.Cancelled {
 		t.Fatalf("phase %s (%s), want CANCELLED", r.Phase, r.Message)
 	}
-	if evs := eventsOf(t, runID); count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
+	evs := eventsOf(t, runID)
+	if count(evs, "cancelled") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
+	}
+	for _, e := range evs {
+		if e.Phase == "cancelled" && (e.Reason != runs.ReasonCancelled || e.Message == "") {
+			t.Errorf("cancelled event: reason %q message %q, want Cancelled and a message", e.Reason, e.Message)
+		}
 	}
 	if n := rayJobsOf(t, runID); n != 0 {
 		t.Errorf("%d RayJobs left after cancellation, want 0", n)
@@ -392,7 +398,7 @@ func TestQueueOnOneCluster(t *testing.T) {
 	ra := waitPhase(t, a, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	rb := waitPhase(t, b, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if ra.Phase != runs.Succeeded || rb.Phase != runs.Succeeded {
-		t.Fatalf("phases %s (%s), %s (%s)", ra.Phase, ra.Reason, rb.Phase, rb.Message)
+		t.Fatalf("phases %s (%s), %s (%s)", ra.Phase, ra.Message, rb.Phase, rb.Message)
 	}
 	first, second := ra, rb
 	if _, queued := ra.Times[runs.Queued]; queued {
