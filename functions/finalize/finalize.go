@@ -57,18 +57,25 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 }
 
 // conclude discovers the run's checkpoints and writes its terminal record.
+// Results it cannot read (no permission on the bucket, a malformed object)
+// end the run FAILED all the same, so its cluster is released.
 func (h *Handler) conclude(ctx context.Context, rec *runs.Record) (*runs.Record, error) {
 	res := &checkpoints.Result{Checkpoints: []checkpoints.Checkpoint{}}
+	var unreadable error
 	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
 		bucket, exp := pipeline.Experiment(rec, n)
 		r, err := checkpoints.Discover(ctx, h.Deps.Objects.Bucket(bucket), exp)
+		if pipeline.Unreadable(err) {
+			unreadable = err
+			break
+		}
 		if err != nil {
 			return nil, err
 		}
 		merge(res, r)
 	}
 	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		return r.MarkEnded(res, h.Deps.Time())
+		return r.MarkEnded(res, unreadable, h.Deps.Time())
 	})
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	rayfake "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned/fake"
+	"google.golang.org/api/googleapi"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
@@ -78,7 +80,7 @@ func newWorld(t *testing.T) *world {
 	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: output})
 	w := &world{t: t, ctx: context.Background(), gcs: srv.Client(), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
 	cfg, err := pipeline.LoadConfig(func(k string) string {
-		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m"}[k]
+		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -761,7 +763,7 @@ func TestEndedRunAnnouncedAfterFinalizeDied(t *testing.T) {
 	w.tick() // FINISHING; the finished message is lost
 	if _, err := w.deps.Runs.Update(w.ctx, runID, func(r *runs.Record) error {
 		// what finalize wrote before it died
-		return r.MarkEnded(&checkpoints.Result{Latest: &checkpoints.Checkpoint{Name: "checkpoint_000002"}}, w.now)
+		return r.MarkEnded(&checkpoints.Result{Latest: &checkpoints.Checkpoint{Name: "checkpoint_000002"}}, nil, w.now)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -834,5 +836,81 @@ func TestTimingsCountEveryAttempt(t *testing.T) {
 		if data.Timings[k] != v {
 			t.Errorf("timings[%s] = %v, want %v (all: %v)", k, data.Timings[k], v, data.Timings)
 		}
+	}
+}
+
+// TestForeignBucketRejected: a spec naming a checkpoint bucket the
+// deployment does not let runs write is rejected at admission, saying which
+// field and which buckets are allowed; no cluster is touched.
+func TestForeignBucketRejected(t *testing.T) {
+	w := newWorld(t)
+	body := strings.Replace(example(t), output, "someone-elses-bucket", 1)
+	if body == example(t) {
+		t.Fatal("the example names no output bucket to replace")
+	}
+	runID := w.admit("jobs/foreign.json", body)
+	r := w.record(runID)
+	if r.Phase != runs.Rejected || r.Reason != runs.InvalidSpec || len(r.Problems) != 1 || r.Problems[0].Path != "output.bucket" ||
+		!strings.Contains(r.Problems[0].Message, output) || w.count("rejected") != 1 || w.rayJobs() != 0 {
+		t.Errorf("phase %s reason %s problems %v, rejected events %d, rayjobs %d", r.Phase, r.Reason, r.Problems, w.count("rejected"), w.rayJobs())
+	}
+}
+
+// deniedBucket answers every read of one bucket with Cloud Storage's 403,
+// as for a bucket the functions' identity has no role on.
+type deniedBucket struct {
+	pipeline.Objects
+	bucket string
+}
+
+func (d deniedBucket) Bucket(b string) checkpoints.Store {
+	if b == d.bucket {
+		return deniedStore{d.Objects.Bucket(b)}
+	}
+	return d.Objects.Bucket(b)
+}
+
+type deniedStore struct{ checkpoints.Store }
+
+var errDenied = &googleapi.Error{Code: http.StatusForbidden, Message: "caller does not have storage.objects.get access"}
+
+func (deniedStore) List(context.Context, string) ([]string, error)      { return nil, errDenied }
+func (deniedStore) Read(context.Context, string, int64) ([]byte, error) { return nil, errDenied }
+
+// TestUnreadableCheckpointsEndTheRun: when the functions cannot read what
+// a run wrote (403 on its bucket), the run still ends, FAILED with reason
+// CheckpointsUnreadable, its cluster is released and its workers go to
+// zero; the next run on the cluster goes ahead. The monitor gives up on a
+// running job whose mark it cannot read; finalize ends a finished one.
+func TestUnreadableCheckpointsEndTheRun(t *testing.T) {
+	for _, when := range []string{"running", "finishing"} {
+		t.Run(when, func(t *testing.T) {
+			w := newWorld(t)
+			a := w.admit("jobs/a.json", example(t))
+			b := w.admit("jobs/b.json", example(t))
+			w.setJob(a, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+			w.tick()
+			if when == "finishing" {
+				w.writeLayout(a, 1, 2, "succeeded")
+				w.drop[w.deps.Config.Topics.Finished] = 1
+				w.tick() // FINISHING; its finished message is lost until the bucket turns unreadable
+			}
+			w.deps.Objects = deniedBucket{w.deps.Objects, output}
+			w.now = w.now.Add(pipeline.StaleStep + time.Second)
+			w.tick()
+			for _, id := range []string{a, b} {
+				// b was handed the cluster, then met the same bucket.
+				r := w.record(id)
+				if r.Phase != runs.Failed || r.Reason != runs.CheckpointsUnreadable || r.Attempt != 1 || !strings.Contains(r.Message, "403") {
+					t.Errorf("run %s: phase %s reason %s attempt %d %q; want FAILED CheckpointsUnreadable on attempt 1", id, r.Phase, r.Reason, r.Attempt, r.Message)
+				}
+				if got := w.types(id); got[len(got)-1] != "failed" {
+					t.Errorf("run %s events %v, want failed last", id, got)
+				}
+			}
+			if w.workers() != 0 || w.lease().Holder != "" {
+				t.Errorf("workers %d, lease %+v after both runs ended; want 0 and free", w.workers(), w.lease())
+			}
+		})
 	}
 }

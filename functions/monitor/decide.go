@@ -30,7 +30,10 @@ type Observation struct {
 	// only for a phase with a RayJob (runs.Phase.HasJob).
 	Job  *rayv1.RayJob
 	Mark *checkpoints.Mark
-	Now  time.Time
+	// Unreadable says why the mark cannot be read and never will be (no
+	// permission on the bucket, or a malformed mark); empty when it can.
+	Unreadable string
+	Now        time.Time
 }
 
 // Action is what a check does about a run.
@@ -115,6 +118,10 @@ func decideJob(o Observation) (Decision, error) {
 		return fail(runs.DeadlineExceeded, true, "deadline exceeded: the attempt ran longer than limits.deadline %s", time.Duration(lim.Deadline)), nil
 	case a.RunningAt == nil && o.Now.Sub(a.CreatedAt) > time.Duration(lim.StartDeadline):
 		return fail(runs.StartDeadlineExceeded, true, "start deadline exceeded: the job did not start running within limits.startDeadline %s", time.Duration(lim.StartDeadline)), nil
+	}
+	if o.Unreadable != "" {
+		// The pipeline could never tell how the job ended: free its GPUs.
+		return fail(runs.CheckpointsUnreadable, true, "cannot read the trainer's completion mark: %s", o.Unreadable), nil
 	}
 	if o.Mark != nil {
 		if o.Mark.Status == "succeeded" {

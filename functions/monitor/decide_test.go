@@ -155,3 +155,17 @@ func TestDecideMessages(t *testing.T) {
 		t.Errorf("message %q", d.Ending.Message)
 	}
 }
+
+// TestDecideUnreadableMark: a mark the pipeline can never read ends the run
+// (its GPUs freed) unless it is cancelled or past a deadline first.
+func TestDecideUnreadableMark(t *testing.T) {
+	o := Observation{Run: rec(runs.Running), Job: running, Unreadable: "googleapi: Error 403", Now: soon}
+	d, err := Decide(o)
+	if err != nil || d.Action != Finish || d.Ending.Reason != runs.CheckpointsUnreadable || !d.DeleteJob || !strings.Contains(d.Ending.Message, "403") {
+		t.Errorf("%+v %v; want finish CheckpointsUnreadable, deleting the job", d, err)
+	}
+	o.Run = rec(runs.Running, cancelled)
+	if d, _ := Decide(o); d.Ending.Reason != runs.ReasonCancelled {
+		t.Errorf("a cancelled run with an unreadable mark: %+v, want cancelled", d)
+	}
+}

@@ -89,7 +89,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 		}
 		bucket, exp := pipeline.Experiment(rec, rec.Attempt)
 		files = attemptFiles{h.Deps.Objects.Bucket(bucket), exp}
-		if o.Mark, err = checkpoints.ReadMark(ctx, files.store, files.exp); err != nil {
+		if o.Mark, err = checkpoints.ReadMark(ctx, files.store, files.exp); pipeline.Unreadable(err) {
+			o.Unreadable = err.Error()
+		} else if err != nil {
 			return err
 		}
 	}
@@ -204,10 +206,12 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 		resume = a.ResumeFrom
 	}
 	res, err := checkpoints.Discover(ctx, files.store, files.exp)
-	if err != nil {
+	switch {
+	case pipeline.Unreadable(err):
+		h.Deps.Log.Warn("checkpoints_unreadable", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+	case err != nil:
 		return err
-	}
-	if res.Latest != nil {
+	case res.Latest != nil:
 		resume = res.Latest.URI
 	}
 	h.Deps.Log.Warn("attempt_retried", "run_id", rec.RunID, "attempt", rec.Attempt, "reason", why, "resume_from", resume)

@@ -101,7 +101,7 @@ func (h *Handler) intake(ctx context.Context, runID, source, defaultName string,
 	d := h.Deps
 	rec, err := d.Runs.Get(ctx, runID)
 	if errors.Is(err, runs.ErrNotFound) {
-		rec = newRecord(runID, source, defaultName, data, size, d.Time())
+		rec = newRecord(runID, source, defaultName, data, size, d.Config, d.Time())
 		if err := d.Runs.Create(ctx, rec); errors.Is(err, runs.ErrExists) {
 			rec, err = d.Runs.Get(ctx, runID)
 			if err != nil {
@@ -131,14 +131,19 @@ func (h *Handler) intake(ctx context.Context, runID, source, defaultName string,
 }
 
 // newRecord is the record of a new run: ACCEPTED with its parsed spec, or
-// REJECTED with every problem of its spec.
-func newRecord(runID, source, defaultName string, data []byte, size int64, now time.Time) *runs.Record {
+// REJECTED with every problem of its spec, including a checkpoint bucket
+// the deployment does not let runs write (the functions could never read
+// the run's results, and its workers would stay up).
+func newRecord(runID, source, defaultName string, data []byte, size int64, cfg pipeline.Config, now time.Time) *runs.Record {
 	var s *spec.JobSpec
 	var err error
 	if data == nil && size > spec.MaxBytes {
 		err = spec.Problems{{Path: "$", Message: fmt.Sprintf("spec is %d bytes (at most %d)", size, spec.MaxBytes)}}
 	} else {
 		s, err = spec.Parse(data)
+	}
+	if err == nil && !cfg.MayWrite(s.Output.Bucket) {
+		err = spec.Problems{{Path: "output.bucket", Message: fmt.Sprintf("%q is not a checkpoint bucket of this deployment; runs may write to %s", s.Output.Bucket, strings.Join(cfg.OutputBuckets, ", "))}}
 	}
 	var ps spec.Problems
 	if err != nil && !errors.As(err, &ps) {

@@ -53,6 +53,7 @@ locals {
   function_env = merge(var.env, {
     RAYDROP_PROJECT           = var.project_id
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
+    RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
     RAYDROP_TOPIC_REQUESTS    = var.topics.requests
     RAYDROP_TOPIC_PROVISIONED = var.topics.provisioned

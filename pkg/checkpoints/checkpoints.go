@@ -37,6 +37,11 @@ type Store interface {
 // ErrNotFound is returned by Store.Read for a missing object.
 var ErrNotFound = errors.New("object not found")
 
+// ErrUnreadable marks an object no retry will read: one that is malformed,
+// too large, or that the caller may not read. A Store's Read wraps it for
+// the errors it knows to be permanent.
+var ErrUnreadable = errors.New("unreadable")
+
 // Files every usable checkpoint holds.
 var AdapterFiles = []string{"adapter_model.safetensors", "adapter_config.json"}
 
@@ -300,7 +305,7 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 		FinalMetrics map[string]any `json:"finalMetrics"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("parse %s: %w", st.URI(name), err)
+		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), ErrUnreadable, err)
 	}
 	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}}
 	if raw.Error != nil {

@@ -50,8 +50,15 @@ func backoff(ctx context.Context, i int) error {
 	}
 }
 
+// CallTimeout bounds each Cloud Storage request, well inside the functions'
+// timeout, so a request that hangs fails (and is retried) instead of
+// holding the delivery.
+const CallTimeout = 30 * time.Second
+
 // Read decodes the document into v and returns its generation.
 func Read(ctx context.Context, obj *storage.ObjectHandle, v any) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	rd, err := obj.NewReader(ctx)
 	if errors.Is(err, storage.ErrObjectNotExist) {
 		return 0, ErrNotFound
@@ -73,6 +80,8 @@ func Read(ctx context.Context, obj *storage.ObjectHandle, v any) (int64, error) 
 // Write stores v under cond (DoesNotExist or GenerationMatch) with the given
 // custom metadata. A failed precondition is reported by IsPrecondition.
 func Write(ctx context.Context, obj *storage.ObjectHandle, v any, cond storage.Conditions, metadata map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", obj.ObjectName(), err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,15 +23,19 @@ type Topics struct {
 // Config is the functions' configuration, read once from RAYDROP_*
 // environment variables.
 type Config struct {
-	Project      string        // RAYDROP_PROJECT: Google Cloud project of the topics
-	IntakeBucket string        // RAYDROP_INTAKE_BUCKET: jobs/ in, runs/ and clusters/ kept here
-	Topics       Topics        // RAYDROP_TOPIC_<NAME>, defaults raydrop-<name>
-	EventSource  string        // RAYDROP_EVENT_SOURCE: ce-source of public events
-	Kubeconfig   string        // RAYDROP_KUBECONFIG: a kubeconfig file (local cloud)
-	GKECluster   string        // RAYDROP_GKE_CLUSTER: projects/P/locations/L/clusters/C
-	EventBus     string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
-	ScaleDownAge time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
-	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
+	Project      string // RAYDROP_PROJECT: Google Cloud project of the topics
+	IntakeBucket string // RAYDROP_INTAKE_BUCKET: jobs/ in, runs/ and clusters/ kept here
+	// RAYDROP_OUTPUT_BUCKETS (comma-separated): the buckets runs may write
+	// checkpoints to, the ones the functions' identities may read. A spec
+	// naming another is rejected at admission.
+	OutputBuckets []string
+	Topics        Topics        // RAYDROP_TOPIC_<NAME>, defaults raydrop-<name>
+	EventSource   string        // RAYDROP_EVENT_SOURCE: ce-source of public events
+	Kubeconfig    string        // RAYDROP_KUBECONFIG: a kubeconfig file (local cloud)
+	GKECluster    string        // RAYDROP_GKE_CLUSTER: projects/P/locations/L/clusters/C
+	EventBus      string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
+	ScaleDownAge  time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
+	GPUHourUSD    float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
 }
 
 // DefaultTopics are the topics when no RAYDROP_TOPIC_* variable names
@@ -45,6 +50,9 @@ func DefaultTopics() Topics {
 
 // TopicEnv is the variable that names the topic of a key.
 func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key) }
+
+// MayWrite reports whether runs may write checkpoints to bucket.
+func (c Config) MayWrite(bucket string) bool { return slices.Contains(c.OutputBuckets, bucket) }
 
 // LoadConfig reads the configuration from getenv (os.Getenv when nil) and
 // reports every missing or malformed variable at once.
@@ -77,6 +85,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	def := DefaultTopics()
 	for _, k := range TopicKeys {
 		*c.Topics.field(k) = get(TopicEnv(k), def.Name(k))
+	}
+	for _, b := range strings.Split(need("RAYDROP_OUTPUT_BUCKETS"), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			c.OutputBuckets = append(c.OutputBuckets, b)
+		}
 	}
 	if c.Kubeconfig == "" && c.GKECluster == "" {
 		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
+	"google.golang.org/api/googleapi"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
@@ -260,6 +262,16 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p permanent
 	return errors.As(err, &p)
+}
+
+// Unreadable reports whether err says an object cannot be read and never
+// will be: a malformed or oversized object, or a bucket the function's
+// identity may not read (Cloud Storage's 401 and 403). A handler that meets
+// one ends the run rather than retrying forever with its workers up.
+func Unreadable(err error) bool {
+	var ge *googleapi.Error
+	return errors.Is(err, checkpoints.ErrUnreadable) || errors.Is(err, ErrTooLarge) ||
+		errors.As(err, &ge) && (ge.Code == http.StatusForbidden || ge.Code == http.StatusUnauthorized)
 }
 
 // Boundary logs a handler's failure once and decides the reply: nil (the

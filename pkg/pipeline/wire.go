@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -20,11 +22,13 @@ import (
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
 	"google.golang.org/api/iterator"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/logging"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -37,7 +41,7 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	log := logging.New(os.Stdout, slog.LevelInfo)
 	cfg, err := LoadConfig(nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfiguration, err)
 	}
 	gcs, err := storage.NewClient(ctx)
 	if err != nil {
@@ -88,6 +92,7 @@ func kubeConfig(ctx context.Context, cfg Config) (*rest.Config, error) {
 		return nil, err
 	}
 	rc.QPS, rc.Burst = kubeQPS, kubeBurst
+	rc.Timeout = CallTimeout
 	return rc, nil
 }
 
@@ -95,7 +100,7 @@ func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 	if cfg.Kubeconfig != "" {
 		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
+			return nil, fmt.Errorf("%w: kubeconfig %s: %w", ErrConfiguration, cfg.Kubeconfig, err)
 		}
 		return rc, nil
 	}
@@ -104,7 +109,9 @@ func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 		return nil, fmt.Errorf("container client: %w", err)
 	}
 	defer func() { _ = cm.Close() }()
-	c, err := cm.GetCluster(ctx, &containerpb.GetClusterRequest{Name: cfg.GKECluster})
+	gctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	c, err := cm.GetCluster(gctx, &containerpb.GetClusterRequest{Name: cfg.GKECluster})
 	if err != nil {
 		return nil, fmt.Errorf("get GKE cluster %s: %w", cfg.GKECluster, err)
 	}
@@ -130,6 +137,8 @@ type GCS struct{ Client *storage.Client }
 
 // Read reads an object with its custom metadata.
 func (g *GCS) Read(ctx context.Context, bucket, name string, limit int64) ([]byte, map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	rd, err := g.Client.Bucket(bucket).Object(name).NewReader(ctx)
 	if errors.Is(err, storage.ErrObjectNotExist) {
 		return nil, nil, checkpoints.ErrNotFound
@@ -164,6 +173,8 @@ type bucketStore struct {
 }
 
 func (b bucketStore) List(ctx context.Context, prefix string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	it := b.g.Client.Bucket(b.bucket).Objects(ctx, &storage.Query{Prefix: prefix})
 	var out []string
 	for {
@@ -199,6 +210,8 @@ type PubSub struct {
 
 // Publish publishes one message and waits for the server's acknowledgement.
 func (p *PubSub) Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
 	p.mu.Lock()
 	if p.pubs == nil {
 		p.pubs = map[string]*pubsub.Publisher{}
@@ -214,17 +227,84 @@ func (p *PubSub) Publish(ctx context.Context, topic string, data []byte, attrs m
 	return err
 }
 
-// Serve is the body of every function's entry point: it builds the
-// dependencies once (on the first event, never at import time), runs the
-// handler and turns its error into the reply through Boundary.
-func Serve(ctx context.Context, function string, deps func() (*Deps, error), handle func(context.Context, *Deps) error) error {
-	d, err := deps()
-	if err != nil {
-		slog.Error("function_not_configured", "function", function, "error", err.Error())
-		return err
-	}
-	return Boundary(d.Log, function, handle(ctx, d))
+// ErrConfiguration marks an error in the function's configuration: no
+// retry fixes it, only a new deployment.
+var ErrConfiguration = errors.New("configuration")
+
+// CallTimeout bounds every single Kubernetes, Cloud Storage and Pub/Sub
+// call a handler makes, well inside the functions' 540 s timeout, so a
+// call that hangs fails and is retried instead of holding the delivery.
+const CallTimeout = gcsdoc.CallTimeout
+
+// Lazy holds an instance's dependencies. They are built on the first event
+// (never at import time) and kept once built; a failed build is tried again
+// on the next event, except a configuration error, which is kept (only a
+// new deployment fixes it). Either way the event is redelivered, not lost.
+type Lazy struct {
+	Build func(context.Context) (*Deps, error)
+	mu    sync.Mutex
+	deps  *Deps
+	err   error
 }
 
-// Default is the process's production dependencies, built on first use.
-var Default = sync.OnceValues(func() (*Deps, error) { return NewDeps(context.Background()) })
+// Get returns the dependencies, building them if needed.
+func (l *Lazy) Get(ctx context.Context) (*Deps, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.deps != nil {
+		return l.deps, nil
+	}
+	if l.err != nil {
+		return nil, l.err
+	}
+	d, err := l.Build(ctx)
+	if errors.Is(err, ErrConfiguration) {
+		l.err = err
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.deps = d
+	return d, nil
+}
+
+// Reset drops built dependencies, so the next event builds them again.
+func (l *Lazy) Reset() {
+	l.mu.Lock()
+	l.deps = nil
+	l.mu.Unlock()
+}
+
+// Default is the process's production dependencies. They outlive the event
+// that built them (token sources refresh with the context they were made
+// with), so they are built with a context of their own.
+var Default = &Lazy{Build: func(context.Context) (*Deps, error) { return NewDeps(context.Background()) }}
+
+// Serve is the body of every function's entry point: it gets the
+// dependencies, runs the handler and turns its error into the reply through
+// Boundary. After an authentication or TLS failure of the Kubernetes API
+// (expired credentials, a rotated control-plane IP or CA) it drops the
+// clients, so the next event builds them from the cluster's current
+// endpoint and CA.
+func Serve(ctx context.Context, function string, deps *Lazy, handle func(context.Context, *Deps) error) error {
+	d, err := deps.Get(ctx)
+	if err != nil {
+		slog.Error("function_not_configured", "function", function, "error", err.Error(), "configuration", errors.Is(err, ErrConfiguration))
+		return err
+	}
+	err = handle(ctx, d)
+	if credentialsFailed(err) {
+		d.Log.Warn("clients_reset", "function", function, "error", err.Error())
+		deps.Reset()
+	}
+	return Boundary(d.Log, function, err)
+}
+
+// credentialsFailed reports whether err is the API server refusing the
+// client's credentials, or a TLS handshake that could not verify it.
+func credentialsFailed(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var verify *tls.CertificateVerificationError
+	return err != nil && (apierrors.IsUnauthorized(err) || errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &verify))
+}

@@ -295,8 +295,10 @@ func (r *Record) MarkFinishing(attempt int, e Ending, now time.Time) error {
 
 // MarkEnded ends a finishing run with what finalize found: SUCCEEDED,
 // FAILED or CANCELLED as decided, except that a run that succeeded without
-// a complete checkpoint fails (NoCheckpoint).
-func (r *Record) MarkEnded(res *checkpoints.Result, now time.Time) error {
+// a complete checkpoint fails (NoCheckpoint), and one whose results cannot
+// be read (unreadable says why) fails CheckpointsUnreadable: the run ends
+// either way, so its cluster is released.
+func (r *Record) MarkEnded(res *checkpoints.Result, unreadable error, now time.Time) error {
 	if err := r.allow(ToEnded); err != nil {
 		return err
 	}
@@ -304,7 +306,11 @@ func (r *Record) MarkEnded(res *checkpoints.Result, now time.Time) error {
 	if !ok {
 		return r.refuse(ToEnded, "outcome %q is not one the run can end with", r.Outcome)
 	}
-	if p == Succeeded && (res == nil || res.Latest == nil) {
+	switch {
+	case unreadable != nil && p != Cancelled:
+		p, r.Outcome = Failed, OutcomeFailed
+		r.Reason, r.Message = CheckpointsUnreadable, "cannot read the run's results: "+unreadable.Error()
+	case p == Succeeded && (res == nil || res.Latest == nil):
 		p, r.Outcome = Failed, OutcomeFailed
 		r.Reason, r.Message = NoCheckpoint, "the job succeeded but wrote no complete checkpoint (adapter files missing)"
 	}

@@ -43,7 +43,7 @@ var mark = map[Transition]func(r *Record) error{
 	ToFinishing: func(r *Record) error {
 		return r.MarkFinishing(r.Attempt, Ending{Outcome: OutcomeCancelled, Reason: ReasonCancelled, Message: "asked"}, t0)
 	},
-	ToEnded: func(r *Record) error { return r.MarkEnded(done, t0) },
+	ToEnded: func(r *Record) error { return r.MarkEnded(done, nil, t0) },
 }
 
 // lands is the phase each transition moves a run to (an ending as decided).
@@ -156,23 +156,28 @@ func TestRetryEndsThePreviousAttempt(t *testing.T) {
 }
 
 func TestMarkEnded(t *testing.T) {
+	denied := errors.New("403 Forbidden")
 	for _, c := range []struct {
-		outcome Outcome
-		res     *checkpoints.Result
-		phase   Phase
-		reason  Reason
+		outcome    Outcome
+		res        *checkpoints.Result
+		unreadable error
+		phase      Phase
+		reason     Reason
 	}{
-		{OutcomeSucceeded, done, Succeeded, ""},
-		{OutcomeSucceeded, &checkpoints.Result{}, Failed, NoCheckpoint},
-		{OutcomeFailed, done, Failed, DeadlineExceeded},
-		{OutcomeCancelled, &checkpoints.Result{}, Cancelled, ReasonCancelled},
+		{OutcomeSucceeded, done, nil, Succeeded, ""},
+		{OutcomeSucceeded, &checkpoints.Result{}, nil, Failed, NoCheckpoint},
+		{OutcomeFailed, done, nil, Failed, DeadlineExceeded},
+		{OutcomeCancelled, &checkpoints.Result{}, nil, Cancelled, ReasonCancelled},
+		{OutcomeSucceeded, &checkpoints.Result{}, denied, Failed, CheckpointsUnreadable},
+		{OutcomeFailed, &checkpoints.Result{}, denied, Failed, CheckpointsUnreadable},
+		{OutcomeCancelled, &checkpoints.Result{}, denied, Cancelled, ReasonCancelled}, // a cancelled run stays cancelled
 	} {
 		r := inPhase(Finishing)
 		r.Outcome = c.outcome
 		if c.outcome != OutcomeSucceeded {
 			r.Reason = c.reason
 		}
-		if err := r.MarkEnded(c.res, t0); err != nil || r.Phase != c.phase || r.Reason != c.reason || r.Result != c.res {
+		if err := r.MarkEnded(c.res, c.unreadable, t0); err != nil || r.Phase != c.phase || r.Reason != c.reason || r.Result != c.res {
 			t.Errorf("%s: %v, phase %s reason %s; want %s %s", c.outcome, err, r.Phase, r.Reason, c.phase, c.reason)
 		}
 		if !r.Unannounced() {

@@ -30,6 +30,7 @@ const (
 	InfrastructureFailure Reason = "InfrastructureFailure"
 	InvalidJob            Reason = "InvalidJob"
 	NoCheckpoint          Reason = "NoCheckpoint"
+	CheckpointsUnreadable Reason = "CheckpointsUnreadable"
 )
 
 var reasons = []struct {
@@ -45,6 +46,7 @@ var reasons = []struct {
 	{InfrastructureFailure, "failed: the RayJob was lost or ended without the trainer's completion mark, on every attempt limits.retries allows"},
 	{InvalidJob, "failed: KubeRay refused the RayJob (ValidationFailed)"},
 	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
+	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},
 }
 
 // Reasons returns every reason with what it means.

@@ -115,6 +115,9 @@ func (s *Store) Update(ctx context.Context, runID string, fn func(*Record) error
 
 // List summarises every run with one paginated listing of the record prefix.
 func (s *Store) List(ctx context.Context) ([]Summary, error) {
+	// One page at a time; the whole listing gets a few calls' time.
+	ctx, cancel := context.WithTimeout(ctx, 4*gcsdoc.CallTimeout)
+	defer cancel()
 	it := s.Bucket.Objects(ctx, &storage.Query{Prefix: Prefix})
 	var out []Summary
 	for {

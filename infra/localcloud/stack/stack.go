@@ -319,7 +319,8 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	}
 	f.env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
-		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud")
+		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
+		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","))
 	f.env = append(f.env, s.PubSub.Env()...)
 	f.env = append(f.env, "STORAGE_EMULATOR_HOST="+gcsDoor)
 	return f, nil

@@ -74,7 +74,7 @@ func (b *bench) sweep(n int) error {
 	if err != nil {
 		return err
 	}
-	cfgEnv := map[string]string{"RAYDROP_PROJECT": stack.Project, "RAYDROP_INTAKE_BUCKET": bucket, "RAYDROP_KUBECONFIG": b.st.Kubeconfig}
+	cfgEnv := map[string]string{"RAYDROP_PROJECT": stack.Project, "RAYDROP_INTAKE_BUCKET": bucket, "RAYDROP_KUBECONFIG": b.st.Kubeconfig, "RAYDROP_OUTPUT_BUCKETS": "unused"}
 	conf, err := pipeline.LoadConfig(func(k string) string { return cfgEnv[k] })
 	if err != nil {
 		return err
