@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -60,6 +61,16 @@ type Proxy struct {
 	rng      *rand.Rand
 	hook     func(Request)
 	requests []Request
+	denials  []denial
+}
+
+// denial refuses a client's matching requests, as a service refuses an
+// identity without the permission.
+type denial struct {
+	client string
+	match  func(path string) bool
+	status int
+	body   string
 }
 
 type door struct {
@@ -219,7 +230,16 @@ func (p *Proxy) handler(client string) http.Handler {
 		req := Request{Client: client, Method: r.Method, Path: r.URL.RequestURI(), Write: isWrite(r.Method), At: time.Now()}
 		p.mu.Lock()
 		inject := req.Write && p.share > 0 && p.rng.Float64() < p.share
+		deny := p.denied(client, req.Path)
 		p.mu.Unlock()
+		if deny != nil {
+			req.Status, req.Injected = deny.status, true
+			p.record(req)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(deny.status)
+			_, _ = io.WriteString(w, deny.body)
+			return
+		}
 		if inject {
 			req.Status, req.Injected = http.StatusConflict, true
 			p.record(req)
@@ -231,6 +251,25 @@ func (p *Proxy) handler(client string) http.Handler {
 			p.record(req) // the service gave no answer
 		}
 	})
+}
+
+// Deny answers client's requests whose path (with the query) match reports
+// with status and body, without forwarding them: the answer the service
+// gives an identity that lacks the permission.
+func (p *Proxy) Deny(client string, match func(path string) bool, status int, body string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.denials = append(p.denials, denial{client, match, status, body})
+}
+
+// denied is the denial of a client's request; p.mu is held.
+func (p *Proxy) denied(client, path string) *denial {
+	for i, d := range p.denials {
+		if d.client == client && d.match(path) {
+			return &p.denials[i]
+		}
+	}
+	return nil
 }
 
 // requestKey carries a request's record from the handler to ModifyResponse.

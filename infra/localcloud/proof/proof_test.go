@@ -76,7 +76,7 @@ func TestMain(m *testing.M) {
 		}
 		defer func() { _ = logf.Close() }()
 		st, err = stack.Start(ctx, stack.Options{
-			Repo: "../../..", StateDir: dir, Tick: tick, OutputBuckets: []string{output},
+			Repo: "../../..", StateDir: dir, Tick: tick, OutputBuckets: []string{output, unreadableOutput},
 			DefaultSim: "steps=2,step=200ms", Progress: os.Stderr,
 			Log: slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		})
@@ -153,6 +153,7 @@ func TestProof(t *testing.T) {
 		t.Run("duplicates", testDuplicates)
 		t.Run("lost", testLostMessages)
 		t.Run("badinput", testBadInput)
+		t.Run("permissions", testPermissions)
 	})
 	t.Run("shell", testNothingReachesAShell)
 	t.Run("secrets", testSecrets)
@@ -182,7 +183,7 @@ func own(key, scenario string) {
 // attributeDeadLetters takes every dead-lettered message and counts it
 // against the scenario whose run or object it names.
 func attributeDeadLetters(t *testing.T) {
-	for _, trigger := range []string{"provision-intake", "provision-requests", "submit", "monitor-submitted", "monitor-ticks", "finalize", "monitor-marks-" + output} {
+	for _, trigger := range st.RouteNames {
 		if _, err := st.PubSub.DeadLettered(context.Background(), trigger); err != nil {
 			t.Fatal(err)
 		}

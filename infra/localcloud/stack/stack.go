@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -80,6 +81,9 @@ type Options struct {
 
 // Stack is a running local cloud.
 type Stack struct {
+	// RouteNames are Eventarc's routes, one per trigger (and per checkpoint
+	// bucket for the completion marks), as the wiring table makes them.
+	RouteNames []string
 	opts       Options
 	PubSub     *emulators.PubSub
 	Storage    *emulators.Storage
@@ -219,6 +223,9 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	}
 
 	routes, topicOf := s.routes(targets, o.OutputBuckets)
+	for _, r := range routes {
+		s.RouteNames = append(s.RouteNames, r.Name)
+	}
 	s.Adapter = eventarc.New(routes, o.Log.With("part", "eventarc"), nil)
 	if _, err := s.Adapter.Start(ctx); err != nil {
 		return nil, err
@@ -247,6 +254,21 @@ var Functions = func() []string {
 	}
 	return out
 }()
+
+// DenyBucket makes Cloud Storage refuse every request of function (an
+// entry point) for bucket, with the 403 Google sends an identity that has no
+// role on the bucket.
+func (s *Stack) DenyBucket(function, bucket string) {
+	match := func(path string) bool {
+		return strings.Contains(path, "/b/"+bucket+"/") || strings.HasSuffix(path, "/b/"+bucket) ||
+			strings.Contains(path, "/b/"+bucket+"?") || strings.HasPrefix(path, "/"+bucket+"/")
+	}
+	// The error body of Cloud Storage's JSON API for a missing permission:
+	// https://cloud.google.com/storage/docs/json_api/v1/status-codes#403_Forbidden
+	body := fmt.Sprintf(`{"error":{"code":403,"message":"%s@%s.iam.gserviceaccount.com does not have storage.objects.get access to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist).","errors":[{"message":"denied","domain":"global","reason":"forbidden"}]}}`,
+		strings.ToLower(function), Project)
+	s.GCSProxy.Deny(function, match, http.StatusForbidden, body)
+}
 
 // routes are Eventarc's routes of the wiring table (pipeline.Functions), to
 // the functions' targets by entry point, with the topic each route's push
