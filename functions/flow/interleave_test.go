@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,6 +62,10 @@ var errCrash = errors.New("injected crash: the instance died")
 // chaos drives one interleaving.
 type chaos struct {
 	*world
+	// fmu guards the fault state below: a sweep checks runs side by side,
+	// so its calls reach fault at once. (Which of them crashes first can
+	// then differ between two plays of one seed.)
+	fmu       sync.Mutex
 	rng       *rand.Rand
 	inflight  []msg             // delivered at least once more, in any order
 	crashed   bool              // the delivery in progress has crashed
@@ -86,10 +91,15 @@ func newChaos(t *testing.T, seed uint64) *chaos {
 // fault decides whether the call the delivery in progress makes now
 // crashes, and whether before or after its write.
 func (c *chaos) fault() (before, after bool) {
+	c.mu.Lock()
+	delivering := c.current != nil
+	c.mu.Unlock()
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
 	if c.crashed {
 		return true, false
 	}
-	if !c.faults || c.current == nil || c.rng.Float64() > 0.04 {
+	if !c.faults || !delivering || c.rng.Float64() > 0.04 {
 		return false, false
 	}
 	c.crashed = true
@@ -468,7 +478,9 @@ type faultyPublisher struct{ c *chaos }
 func (f faultyPublisher) Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error {
 	return f.c.wrap(func() error {
 		if topic == f.c.deps.Config.Topics.Events {
+			f.c.fmu.Lock()
 			f.c.published = append(f.c.published, attrs["ce-id"])
+			f.c.fmu.Unlock()
 		}
 		return f.c.Publish(ctx, topic, data, attrs)
 	})
