@@ -13,7 +13,7 @@ locals {
     }
     submit = {
       entry_point     = "Submit"
-      publishes       = ["submitted", "finished", "events"]
+      publishes       = ["submitted", "finished"]
       reads_artifacts = false
     }
     monitor = {

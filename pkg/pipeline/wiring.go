@@ -55,7 +55,7 @@ var Functions = []Function{
 	{
 		Name: "submit", EntryPoint: "Submit",
 		Triggers:  []Trigger{{Name: "submit", Topic: TopicProvisioned}},
-		Publishes: []string{TopicSubmitted, TopicFinished, TopicEvents},
+		Publishes: []string{TopicSubmitted, TopicFinished},
 	},
 	{
 		Name: "monitor", EntryPoint: "Monitor", ReadsArtifacts: true,
