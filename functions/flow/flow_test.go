@@ -16,7 +16,6 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/fsouza/fake-gcs-server/fakestorage"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	rayfake "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned/fake"
 	"google.golang.org/api/googleapi"
@@ -28,6 +27,7 @@ import (
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -71,14 +71,7 @@ type msg struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: intake})
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: output})
-	w := &world{t: t, ctx: context.Background(), gcs: srv.Client(), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
+	w := &world{t: t, ctx: context.Background(), gcs: gcstest.New(t, intake, output), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
 	cfg, err := pipeline.LoadConfig(func(k string) string {
 		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output}[k]
 	})
@@ -367,14 +360,8 @@ func (w *world) count(eventType string) int {
 // the phase they announce.
 func (w *world) types(runID string) []string {
 	var out []string
-	for _, e := range w.events {
-		var d struct {
-			RunID string `json:"runId"`
-		}
-		_ = json.Unmarshal(e.Data(), &d)
-		if d.RunID == runID {
-			out = append(out, strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1."))
-		}
+	for _, e := range w.eventsOf(runID) {
+		out = append(out, strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1."))
 	}
 	return out
 }

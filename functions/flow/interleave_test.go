@@ -247,15 +247,7 @@ func (c *chaos) deliverOne(dup bool) {
 	} else {
 		e = c.pubsubEvent(m.topic, m.data, m.attrs)
 	}
-	c.crashed, c.published = false, nil
-	err := c.deliver(m.topic, e)
-	crashed := c.crashed
-	c.crashed = false
-	if crashed {
-		for _, id := range c.published {
-			c.mayRepeat[id] = true
-		}
-	}
+	crashed, err := c.deliverCrashing(m.topic, e)
 	c.step("deliver %s %s: crashed %v, error %v", m.topic, m.data, crashed, err)
 	switch {
 	case pipeline.IsPermanent(err):
@@ -265,17 +257,23 @@ func (c *chaos) deliverOne(dup bool) {
 	}
 }
 
-func (c *chaos) tick() {
-	c.step("tick at +%s", c.now.Sub(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)))
+// deliverCrashing delivers e, reporting whether the delivery crashed; the
+// public events a crashed delivery published may be published again.
+func (c *chaos) deliverCrashing(topic string, e event.Event) (crashed bool, err error) {
 	c.crashed, c.published = false, nil
-	err := c.deliver(c.deps.Config.Topics.Ticks, c.pubsubEvent(c.deps.Config.Topics.Ticks, []byte("tick"), nil))
-	if c.crashed {
+	err = c.deliver(topic, e)
+	crashed, c.crashed = c.crashed, false
+	if crashed {
 		for _, id := range c.published {
 			c.mayRepeat[id] = true
 		}
 	}
-	crashed := c.crashed
-	c.crashed = false
+	return crashed, err
+}
+
+func (c *chaos) tick() {
+	c.step("tick at +%s", c.now.Sub(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)))
+	crashed, err := c.deliverCrashing(c.deps.Config.Topics.Ticks, c.pubsubEvent(c.deps.Config.Topics.Ticks, []byte("tick"), nil))
 	if err != nil && !crashed {
 		c.fail("tick: %v", err)
 	}
@@ -324,11 +322,9 @@ func (c *chaos) succeedJob(runID string, attempt int) {
 	e := c.pubsubEvent("marks", nil, nil)
 	e.SetType(pipeline.StorageFinalized)
 	_ = e.SetData("application/json", fmt.Appendf(nil, `{"bucket":%q,"name":%q,"generation":"1"}`, output, mark))
-	c.crashed, c.published = false, nil
-	if err := c.deliver("marks", e); err != nil && !c.crashed {
+	if crashed, err := c.deliverCrashing("marks", e); err != nil && !crashed {
 		c.fail("mark notification: %v", err)
 	}
-	c.crashed = false
 }
 
 func (c *chaos) setStatus(j *rayv1.RayJob, dep rayv1.JobDeploymentStatus, js rayv1.JobStatus) {
@@ -406,9 +402,11 @@ func (c *chaos) checkEnd() {
 	}
 }
 
-func (c *chaos) eventsOf(runID string) []event.Event {
+// eventsOf is a run's public events, in the order they went out (their
+// CloudEvent IDs are <run ID>/<phase>).
+func (w *world) eventsOf(runID string) []event.Event {
 	var out []event.Event
-	for _, e := range c.events {
+	for _, e := range w.events {
 		if strings.HasPrefix(e.ID(), runID+"/") {
 			out = append(out, e)
 		}

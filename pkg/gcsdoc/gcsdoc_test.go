@@ -7,18 +7,13 @@ import (
 	"testing"
 
 	"cloud.google.com/go/storage"
-	"github.com/fsouza/fake-gcs-server/fakestorage"
+
+	"github.com/raydrop/raydrop/pkg/gcstest"
 )
 
 func bucket(t *testing.T) *storage.BucketHandle {
 	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "b"})
-	return srv.Client().Bucket("b")
+	return gcstest.New(t, "b").Bucket("b")
 }
 
 type counter struct{ N int }

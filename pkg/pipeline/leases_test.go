@@ -7,19 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"github.com/raydrop/raydrop/pkg/gcstest"
 )
 
 func leases(t *testing.T) *Leases {
 	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "b"})
 	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
-	return &Leases{Bucket: srv.Client().Bucket("b"), Clock: func() time.Time { return now }}
+	return &Leases{Bucket: gcstest.New(t, "b").Bucket("b"), Clock: func() time.Time { return now }}
 }
 
 // TestLeaseSteps plays a lease's life step by step.

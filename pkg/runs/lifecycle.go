@@ -169,6 +169,18 @@ func (r *Record) allow(t Transition) error {
 	return nil
 }
 
+// allowFor is allow for a step of one attempt, which must be the current
+// one: a step of an older attempt is stale.
+func (r *Record) allowFor(t Transition, attempt int) error {
+	if err := r.allow(t); err != nil {
+		return err
+	}
+	if r.Attempt != attempt {
+		return r.refuse(t, "attempt %d is not the current attempt %d", attempt, r.Attempt)
+	}
+	return nil
+}
+
 func (r *Record) refuse(t Transition, why string, args ...any) error {
 	return &TransitionError{Transition: t, From: r.Phase, Why: fmt.Sprintf(why, args...)}
 }
@@ -248,11 +260,8 @@ func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error 
 
 // MarkSubmitted records that attempt's RayJob was created.
 func (r *Record) MarkSubmitted(attempt int, now time.Time) error {
-	if err := r.allow(ToSubmitted); err != nil {
+	if err := r.allowFor(ToSubmitted, attempt); err != nil {
 		return err
-	}
-	if r.Attempt != attempt {
-		return r.refuse(ToSubmitted, "attempt %d is not the current attempt %d", attempt, r.Attempt)
 	}
 	r.enter(Submitted, now)
 	return nil
@@ -260,11 +269,8 @@ func (r *Record) MarkSubmitted(attempt int, now time.Time) error {
 
 // MarkRunning records that attempt's Ray job runs.
 func (r *Record) MarkRunning(attempt int, now time.Time) error {
-	if err := r.allow(ToRunning); err != nil {
+	if err := r.allowFor(ToRunning, attempt); err != nil {
 		return err
-	}
-	if r.Attempt != attempt {
-		return r.refuse(ToRunning, "attempt %d is not the current attempt %d", attempt, r.Attempt)
 	}
 	if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil {
 		a.RunningAt = &now
@@ -276,11 +282,8 @@ func (r *Record) MarkRunning(attempt int, now time.Time) error {
 // MarkFinishing decides how the run ends, while its attempt (0 for a run
 // that never had one) is current; only the first decision counts.
 func (r *Record) MarkFinishing(attempt int, e Ending, now time.Time) error {
-	if err := r.allow(ToFinishing); err != nil {
+	if err := r.allowFor(ToFinishing, attempt); err != nil {
 		return err
-	}
-	if r.Attempt != attempt {
-		return r.refuse(ToFinishing, "attempt %d is not the current attempt %d", attempt, r.Attempt)
 	}
 	if err := e.Check(); err != nil {
 		return err
