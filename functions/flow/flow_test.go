@@ -826,20 +826,28 @@ func TestTimingsCountEveryAttempt(t *testing.T) {
 	}
 }
 
-// TestForeignBucketRejected: a spec naming a checkpoint bucket the
-// deployment does not let runs write is rejected at admission, saying which
-// field and which buckets are allowed; no cluster is touched.
-func TestForeignBucketRejected(t *testing.T) {
-	w := newWorld(t)
-	body := strings.Replace(example(t), output, "someone-elses-bucket", 1)
-	if body == example(t) {
-		t.Fatal("the example names no output bucket to replace")
-	}
-	runID := w.admit("jobs/foreign.json", body)
-	r := w.record(runID)
-	if r.Phase != runs.Rejected || r.Reason != runs.InvalidSpec || len(r.Problems) != 1 || r.Problems[0].Path != "output.bucket" ||
-		!strings.Contains(r.Problems[0].Message, output) || w.count("rejected") != 1 || w.rayJobs() != 0 {
-		t.Errorf("phase %s reason %s problems %v, rejected events %d, rayjobs %d", r.Phase, r.Reason, r.Problems, w.count("rejected"), w.rayJobs())
+// TestOutsideTheDeploymentRejected: a spec naming a checkpoint bucket or
+// a namespace the deployment gives its functions no access to is REJECTED
+// at admission, with the problem at its field naming what is allowed, and
+// nothing is created.
+func TestOutsideTheDeploymentRejected(t *testing.T) {
+	for _, c := range []struct{ name, old, new, path, allowed string }{
+		{"bucket", `"bucket": "` + output + `"`, `"bucket": "someone-elses-bucket"`, "output.bucket", output},
+		{"namespace", `"cluster": {`, `"cluster": {"namespace": "kube-system",`, "cluster.namespace", `runs may use default`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t)
+			body := strings.Replace(example(t), c.old, c.new, 1)
+			if body == example(t) {
+				t.Fatalf("the example has no %s to replace", c.old)
+			}
+			runID := w.admit("jobs/foreign.json", body)
+			r := w.record(runID)
+			if r.Phase != runs.Rejected || r.Reason != runs.InvalidSpec || len(r.Problems) != 1 || r.Problems[0].Path != c.path ||
+				!strings.Contains(r.Problems[0].Message, c.allowed) || w.count("rejected") != 1 || w.rayJobs() != 0 {
+				t.Errorf("phase %s reason %s problems %v, rejected events %d, rayjobs %d", r.Phase, r.Reason, r.Problems, w.count("rejected"), w.rayJobs())
+			}
+		})
 	}
 }
 

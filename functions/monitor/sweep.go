@@ -55,18 +55,37 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	return nil
 }
 
-// listJobs lists every RayJob raydrop made, by name.
+// managed selects what raydrop made.
+var managed = metav1.ListOptions{LabelSelector: names.LabelManagedBy + "=" + names.ManagedBy}
+
+// listJobs lists every RayJob raydrop made, by name, in the namespaces
+// runs may use (the functions may list nowhere else).
 func (h *Handler) listJobs(ctx context.Context) (map[string]*rayv1.RayJob, error) {
-	sel := metav1.ListOptions{LabelSelector: names.LabelManagedBy + "=" + names.ManagedBy}
-	list, err := h.Deps.Ray.RayV1().RayJobs(metav1.NamespaceAll).List(ctx, sel)
-	if err != nil {
-		return nil, fmt.Errorf("list rayjobs: %w", err)
-	}
 	jobs := map[string]*rayv1.RayJob{}
-	for i := range list.Items {
-		jobs[list.Items[i].Name] = &list.Items[i]
+	for _, ns := range h.Deps.Config.Namespaces {
+		list, err := h.Deps.Ray.RayV1().RayJobs(ns).List(ctx, managed)
+		if err != nil {
+			return nil, fmt.Errorf("list rayjobs in %s: %w", ns, err)
+		}
+		for i := range list.Items {
+			jobs[list.Items[i].Name] = &list.Items[i]
+		}
 	}
 	return jobs, nil
+}
+
+// listClusters lists every RayCluster raydrop made in the namespaces runs
+// may use.
+func (h *Handler) listClusters(ctx context.Context) ([]rayv1.RayCluster, error) {
+	var out []rayv1.RayCluster
+	for _, ns := range h.Deps.Config.Namespaces {
+		list, err := h.Deps.Ray.RayV1().RayClusters(ns).List(ctx, managed)
+		if err != nil {
+			return nil, fmt.Errorf("list rayclusters in %s: %w", ns, err)
+		}
+		out = append(out, list.Items...)
+	}
+	return out, nil
 }
 
 // checkAll checks runs side by side (each check is a few Cloud Storage
@@ -133,14 +152,13 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 // while no active run uses it and nobody has held it for the grace period.
 func (h *Handler) scaleDownIdle(ctx context.Context, busy map[string]bool) (int, error) {
 	d := h.Deps
-	sel := metav1.ListOptions{LabelSelector: names.LabelManagedBy + "=" + names.ManagedBy}
-	list, err := d.Ray.RayV1().RayClusters(metav1.NamespaceAll).List(ctx, sel)
+	clusters, err := h.listClusters(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("list rayclusters: %w", err)
+		return 0, err
 	}
 	n := 0
-	for i := range list.Items {
-		rc := &list.Items[i]
+	for i := range clusters {
+		rc := &clusters[i]
 		if !pipeline.HasWorkers(rc) || busy[rc.Namespace+"/"+rc.Name] {
 			continue
 		}

@@ -131,9 +131,8 @@ func (h *Handler) intake(ctx context.Context, runID, source, defaultName string,
 }
 
 // newRecord is the record of a new run: ACCEPTED with its parsed spec, or
-// REJECTED with every problem of its spec, including a checkpoint bucket
-// the deployment does not let runs write (the functions could never read
-// the run's results, and its workers would stay up).
+// REJECTED with every problem of its spec, including what the deployment
+// does not let runs use (deploymentProblems).
 func newRecord(runID, source, defaultName string, data []byte, size int64, cfg pipeline.Config, now time.Time) *runs.Record {
 	var s *spec.JobSpec
 	var err error
@@ -142,8 +141,8 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, cfg p
 	} else {
 		s, err = spec.Parse(data)
 	}
-	if err == nil && !cfg.MayWrite(s.Output.Bucket) {
-		err = spec.Problems{{Path: "output.bucket", Message: fmt.Sprintf("%q is not a checkpoint bucket of this deployment; runs may write to %s", s.Output.Bucket, strings.Join(cfg.OutputBuckets, ", "))}}
+	if err == nil {
+		err = deploymentProblems(s, cfg)
 	}
 	var ps spec.Problems
 	if err != nil && !errors.As(err, &ps) {
@@ -153,6 +152,24 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, cfg p
 		s = nil
 	}
 	return runs.NewRecord(runID, source, defaultName, s, ps, now)
+}
+
+// deploymentProblems are the places a valid spec names that the deployment
+// gives its functions no access to: a checkpoint bucket they may not read
+// (its workers would stay up), a namespace where they have no Kubernetes
+// permissions (every step would be refused).
+func deploymentProblems(s *spec.JobSpec, cfg pipeline.Config) error {
+	var ps spec.Problems
+	if !cfg.MayWrite(s.Output.Bucket) {
+		ps = append(ps, spec.Problem{Path: "output.bucket", Message: fmt.Sprintf("%q is not a checkpoint bucket of this deployment; runs may write to %s", s.Output.Bucket, strings.Join(cfg.OutputBuckets, ", "))})
+	}
+	if !cfg.MayUse(s.Cluster.Namespace) {
+		ps = append(ps, spec.Problem{Path: "cluster.namespace", Message: fmt.Sprintf("%q is not a namespace of this deployment; runs may use %s", s.Cluster.Namespace, strings.Join(cfg.Namespaces, ", "))})
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps
 }
 
 // cancel records a cancellation request and asks the monitor to act on it

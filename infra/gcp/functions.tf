@@ -4,28 +4,55 @@
 # triggers is deployed once per trigger, as the local cloud routes them.
 
 locals {
-  # What each function does, and so the roles its service account gets.
+  # What each function does, and so what its service account may do: the
+  # topics it publishes to, whether it reads the checkpoint bucket, and its
+  # Kubernetes verbs per resource (its Role in var.namespace). The same
+  # table as pkg/pipeline/wiring.go; a test checks one against the other.
   functions = {
     provision = {
       entry_point     = "Provision"
       publishes       = ["provisioned", "submitted", "events"]
       reads_artifacts = true
+      kube = {
+        configmaps  = ["create"]
+        rayclusters = ["create", "get", "update"]
+      }
     }
     submit = {
       entry_point     = "Submit"
       publishes       = ["submitted", "finished"]
       reads_artifacts = false
+      kube = {
+        rayjobs = ["create"]
+      }
     }
     monitor = {
       entry_point     = "Monitor"
       publishes       = ["provisioned", "finished", "events"]
       reads_artifacts = true
+      kube = {
+        configmaps  = ["create"]
+        rayclusters = ["create", "get", "list", "update"]
+        rayjobs     = ["delete", "get", "list"]
+      }
     }
     finalize = {
       entry_point     = "Finalize"
       publishes       = ["provisioned", "events"]
       reads_artifacts = true
+      kube = {
+        configmaps  = ["create"]
+        rayclusters = ["create", "get", "update"]
+        rayjobs     = ["delete"]
+      }
     }
+  }
+
+  # The API group of each resource in the functions' kube tables.
+  kube_api_groups = {
+    configmaps  = ""
+    rayclusters = "ray.io"
+    rayjobs     = "ray.io"
   }
 
   # One deployed function per trigger: the same routes as the local cloud.
@@ -54,6 +81,7 @@ locals {
     RAYDROP_PROJECT           = var.project_id
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
     RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
+    RAYDROP_NAMESPACES        = var.namespace
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
     RAYDROP_TOPIC_REQUESTS    = var.topics.requests
     RAYDROP_TOPIC_PROVISIONED = var.topics.provisioned
@@ -139,12 +167,55 @@ resource "google_pubsub_topic_iam_member" "publisher" {
   member   = google_service_account.function[each.value.function].member
 }
 
-# Every function reads or writes RayClusters and RayJobs.
-resource "google_project_iam_member" "container_developer" {
+# GKE: finding the cluster (its endpoints) and reaching its control plane
+# is all IAM grants a function. What it may do inside the cluster is its
+# Role below, in the runs' namespace only: IAM and RBAC are additive on
+# GKE, so no project-wide Kubernetes role (roles/container.developer would
+# allow every namespace and every Secret) is granted.
+# https://cloud.google.com/kubernetes-engine/docs/how-to/iam#interaction_with_rbac
+resource "google_project_iam_member" "cluster_viewer" {
   for_each = local.functions
   project  = var.project_id
-  role     = "roles/container.developer"
+  role     = "roles/container.clusterViewer"
   member   = google_service_account.function[each.key].member
+}
+
+# Each function's Kubernetes verbs (local.functions[*].kube), bound to its
+# Google service account, which GKE authenticates under its email.
+# https://cloud.google.com/kubernetes-engine/docs/how-to/role-based-access-control#rolebinding
+resource "kubernetes_role_v1" "function" {
+  for_each = local.functions
+  metadata {
+    name      = "raydrop-${each.key}"
+    namespace = var.namespace
+  }
+  dynamic "rule" {
+    for_each = each.value.kube
+    content {
+      api_groups = [local.kube_api_groups[rule.key]]
+      resources  = [rule.key]
+      verbs      = rule.value
+    }
+  }
+  depends_on = [kubernetes_namespace_v1.raydrop]
+}
+
+resource "kubernetes_role_binding_v1" "function" {
+  for_each = local.functions
+  metadata {
+    name      = "raydrop-${each.key}"
+    namespace = var.namespace
+  }
+  role_ref {
+    api_group = "rbac.authorization.k8s.io"
+    kind      = "Role"
+    name      = kubernetes_role_v1.function[each.key].metadata[0].name
+  }
+  subject {
+    api_group = "rbac.authorization.k8s.io"
+    kind      = "User"
+    name      = google_service_account.function[each.key].email
+  }
 }
 
 # Each function's service account is also its triggers' identity.
@@ -217,10 +288,8 @@ resource "google_cloudfunctions2_function" "trigger" {
   }
 
   depends_on = [
-    google_project_iam_member.build,
-    google_project_iam_member.event_receiver,
-    google_project_iam_member.gcs_agent_publisher,
-    google_storage_bucket_iam_member.intake_admin,
+    terraform_data.iam_propagation,
+    kubernetes_role_binding_v1.function,
   ]
 }
 
@@ -253,5 +322,5 @@ resource "terraform_data" "dead_letter_policy" {
     }
   }
 
-  depends_on = [google_pubsub_topic_iam_member.dead_letter_publisher]
+  depends_on = [google_pubsub_topic_iam_member.dead_letter_publisher, terraform_data.service_agents]
 }

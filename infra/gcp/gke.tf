@@ -21,6 +21,17 @@ resource "google_container_cluster" "raydrop" {
     }
   }
 
+  # The DNS-based control-plane endpoint, open to callers outside the VPC:
+  # the functions (Cloud Run, no VPC connector) and this configuration's
+  # Kubernetes provider reach the control plane by name, every request
+  # checked by IAM, whatever its IP endpoints are.
+  # https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation#dns-based-endpoint
+  control_plane_endpoints_config {
+    dns_endpoint_config {
+      allow_external_traffic = true
+    }
+  }
+
   depends_on = [google_project_service.services]
 }
 
@@ -48,6 +59,21 @@ resource "google_service_account" "ray" {
 resource "google_storage_bucket_iam_member" "ray_artifacts" {
   bucket = google_storage_bucket.artifacts.name
   role   = "roles/storage.objectAdmin"
+  member = google_service_account.ray.member
+}
+
+# Ray Train creates its experiment and checkpoint folders with
+# pyarrow.fs.GcsFileSystem.create_dir (ray/train/_internal/storage.py), and
+# Arrow's GCS filesystem reads the bucket's metadata when no folder above
+# the path exists yet (GcsFileSystem::Impl::CreateDir calls
+# GetBucketMetadata, arrow/cpp/src/arrow/filesystem/gcsfs.cc): that needs
+# storage.buckets.get, which roles/storage.objectAdmin does not hold. The
+# legacy bucket reader role adds exactly that on this bucket (its other
+# permission, storage.objects.list, objectAdmin has already).
+# https://cloud.google.com/storage/docs/access-control/iam-roles
+resource "google_storage_bucket_iam_member" "ray_artifacts_bucket_metadata" {
+  bucket = google_storage_bucket.artifacts.name
+  role   = "roles/storage.legacyBucketReader"
   member = google_service_account.ray.member
 }
 

@@ -3,20 +3,34 @@ locals {
   artifact_bucket = coalesce(var.artifact_bucket, "${var.project_id}-raydrop-checkpoints")
   source_bucket   = coalesce(var.source_bucket, "${var.project_id}-raydrop-source")
 
-  cluster_location       = var.create_cluster ? var.region : try(var.existing_cluster.location, "")
-  cluster_name           = var.create_cluster ? var.cluster_name : try(var.existing_cluster.name, "")
-  cluster_endpoint       = var.create_cluster ? google_container_cluster.raydrop[0].endpoint : data.google_container_cluster.existing[0].endpoint
-  cluster_ca_certificate = var.create_cluster ? google_container_cluster.raydrop[0].master_auth[0].cluster_ca_certificate : data.google_container_cluster.existing[0].master_auth[0].cluster_ca_certificate
-  gke_cluster            = "projects/${var.project_id}/locations/${local.cluster_location}/clusters/${local.cluster_name}"
+  cluster_location = var.create_cluster ? var.region : try(var.existing_cluster.location, "")
+  cluster_name     = var.create_cluster ? var.cluster_name : try(var.existing_cluster.name, "")
+  # The control plane's DNS-based endpoint when it is open to callers
+  # outside the VPC (publicly trusted certificate), else its IP endpoint
+  # with the cluster's CA: the same choice the functions make
+  # (pipeline.GKEEndpoint).
+  cluster_dns_endpoint = var.create_cluster ? try(google_container_cluster.raydrop[0].control_plane_endpoints_config[0].dns_endpoint_config[0].endpoint, "") : try(data.google_container_cluster.existing[0].control_plane_endpoints_config[0].dns_endpoint_config[0].endpoint, "")
+  cluster_dns_open     = local.cluster_dns_endpoint != "" && (var.create_cluster ? try(google_container_cluster.raydrop[0].control_plane_endpoints_config[0].dns_endpoint_config[0].allow_external_traffic, false) : try(data.google_container_cluster.existing[0].control_plane_endpoints_config[0].dns_endpoint_config[0].allow_external_traffic, false))
+  cluster_ip_endpoint  = var.create_cluster ? google_container_cluster.raydrop[0].endpoint : data.google_container_cluster.existing[0].endpoint
+  cluster_ip_ca        = var.create_cluster ? google_container_cluster.raydrop[0].master_auth[0].cluster_ca_certificate : data.google_container_cluster.existing[0].master_auth[0].cluster_ca_certificate
+  cluster_host         = local.cluster_dns_open ? "https://${local.cluster_dns_endpoint}" : "https://${local.cluster_ip_endpoint}"
+  cluster_ca           = local.cluster_dns_open ? null : base64decode(local.cluster_ip_ca)
+  gke_cluster          = "projects/${var.project_id}/locations/${local.cluster_location}/clusters/${local.cluster_name}"
 
+  # Every API the deployment and the functions call. A fresh project has
+  # only a few on; Service Usage itself is on in every project.
   services = [
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
     "container.googleapis.com",
     "eventarc.googleapis.com",
     "iam.googleapis.com",
+    "iamcredentials.googleapis.com",
+    "logging.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",
     "secretmanager.googleapis.com",
@@ -105,10 +119,11 @@ resource "google_pubsub_subscription" "dead_letter" {
 
 # Pub/Sub forwards undeliverable messages as its service agent.
 resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
-  for_each = local.triggers
-  topic    = google_pubsub_topic.dead_letter[each.key].id
-  role     = "roles/pubsub.publisher"
-  member   = local.pubsub_agent
+  for_each   = local.triggers
+  topic      = google_pubsub_topic.dead_letter[each.key].id
+  role       = "roles/pubsub.publisher"
+  member     = local.pubsub_agent
+  depends_on = [terraform_data.service_agents]
 }
 
 # --------------------------------------------------------------- scheduler

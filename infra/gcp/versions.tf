@@ -26,9 +26,9 @@ data "google_client_config" "default" {}
 
 # The Kubernetes provider talks to the cluster this configuration creates (or
 # the existing one named by var.existing_cluster) with the caller's own
-# Google credentials.
+# Google credentials, through its DNS-based endpoint where it is open.
 provider "kubernetes" {
-  host                   = "https://${local.cluster_endpoint}"
+  host                   = local.cluster_host
   token                  = data.google_client_config.default.access_token
-  cluster_ca_certificate = base64decode(local.cluster_ca_certificate)
+  cluster_ca_certificate = local.cluster_ca
 }

@@ -29,13 +29,18 @@ type Config struct {
 	// checkpoints to, the ones the functions' identities may read. A spec
 	// naming another is rejected at admission.
 	OutputBuckets []string
-	Topics        Topics        // RAYDROP_TOPIC_<NAME>, defaults raydrop-<name>
-	EventSource   string        // RAYDROP_EVENT_SOURCE: ce-source of public events
-	Kubeconfig    string        // RAYDROP_KUBECONFIG: a kubeconfig file (local cloud)
-	GKECluster    string        // RAYDROP_GKE_CLUSTER: projects/P/locations/L/clusters/C
-	EventBus      string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
-	ScaleDownAge  time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
-	GPUHourUSD    float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
+	// RAYDROP_NAMESPACES (comma-separated, default "default"): the
+	// Kubernetes namespaces runs may use, the only ones where the
+	// functions' identities have Kubernetes permissions (Roles, never
+	// ClusterRoles). A spec naming another is rejected at admission.
+	Namespaces   []string
+	Topics       Topics        // RAYDROP_TOPIC_<NAME>, defaults raydrop-<name>
+	EventSource  string        // RAYDROP_EVENT_SOURCE: ce-source of public events
+	Kubeconfig   string        // RAYDROP_KUBECONFIG: a kubeconfig file (local cloud)
+	GKECluster   string        // RAYDROP_GKE_CLUSTER: projects/P/locations/L/clusters/C
+	EventBus     string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
+	ScaleDownAge time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
+	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
 }
 
 // DefaultTopics are the topics when no RAYDROP_TOPIC_* variable names
@@ -53,6 +58,20 @@ func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key
 
 // MayWrite reports whether runs may write checkpoints to bucket.
 func (c Config) MayWrite(bucket string) bool { return slices.Contains(c.OutputBuckets, bucket) }
+
+// MayUse reports whether runs may use namespace.
+func (c Config) MayUse(namespace string) bool { return slices.Contains(c.Namespaces, namespace) }
+
+// list splits a comma-separated list, dropping empty items.
+func list(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // LoadConfig reads the configuration from getenv (os.Getenv when nil) and
 // reports every missing or malformed variable at once.
@@ -86,11 +105,8 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	for _, k := range TopicKeys {
 		*c.Topics.field(k) = get(TopicEnv(k), def.Name(k))
 	}
-	for _, b := range strings.Split(need("RAYDROP_OUTPUT_BUCKETS"), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			c.OutputBuckets = append(c.OutputBuckets, b)
-		}
-	}
+	c.OutputBuckets = list(need("RAYDROP_OUTPUT_BUCKETS"))
+	c.Namespaces = list(get("RAYDROP_NAMESPACES", "default"))
 	if c.Kubeconfig == "" && c.GKECluster == "" {
 		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))
 	}

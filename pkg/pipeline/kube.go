@@ -11,14 +11,20 @@ import (
 	"k8s.io/client-go/util/retry"
 )
 
-// kubeErr marks what the API server refused for good (an invalid or
-// forbidden object) as permanent; the rest is worth a redelivery.
+// kubeErr marks what the API server refused for good (an invalid object,
+// a bad request) as permanent; the rest is worth a redelivery. Forbidden
+// is not permanent: admission keeps runs to the namespaces where the
+// functions hold their Roles, so a 403 means a grant that has not reached
+// the cluster yet (IAM changes take minutes to propagate:
+// https://cloud.google.com/iam/docs/access-change-propagation) or a
+// deployment being repaired. Redelivery, bounded by the dead-letter
+// policy, carries the event over it instead of dropping it.
 func kubeErr(what string, err error) error {
 	if err == nil {
 		return nil
 	}
 	err = fmt.Errorf("%s: %w", what, err)
-	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) {
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
 		return Permanent(err)
 	}
 	return err

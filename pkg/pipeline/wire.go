@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -115,17 +114,17 @@ func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get GKE cluster %s: %w", cfg.GKECluster, err)
 	}
-	ca, err := base64.StdEncoding.DecodeString(c.GetMasterAuth().GetClusterCaCertificate())
+	ep, err := GKEEndpoint(c)
 	if err != nil {
-		return nil, fmt.Errorf("GKE cluster %s CA: %w", cfg.GKECluster, err)
+		return nil, err
 	}
 	ts, err := google.DefaultTokenSource(ctx, "https://www.googleapis.com/auth/cloud-platform")
 	if err != nil {
 		return nil, fmt.Errorf("credentials for GKE: %w", err)
 	}
 	return &rest.Config{
-		Host:            "https://" + c.GetEndpoint(),
-		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
+		Host:            ep.Host,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ep.CA},
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
 			return &oauth2.Transport{Source: ts, Base: rt}
 		},

@@ -1,20 +1,60 @@
 package pipeline
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
-// Function is one of the pipeline's functions and how it is wired: its
-// entry point, the triggers that deliver to it, and the topics it publishes
-// to. Functions is the one place this is written: the root package
-// registers the entry points from it, the local cloud routes events by it,
-// the flow tests deliver by it and check every publish against it, and a
-// test checks the deployment's HCL (infra/gcp/functions.tf) against it.
+// Function is one of the pipeline's functions, how it is wired and what
+// its identity may do: its entry point, the triggers that deliver to it,
+// the topics it publishes to, the buckets it reads and the Kubernetes verbs
+// it uses. Functions is the one place this is written: the root package
+// registers the entry points from it, the local cloud routes events by it
+// and grants each function's identity exactly this (Kubernetes RBAC, Cloud
+// Storage), the flow tests deliver by it and check every publish against
+// it, and a test checks the deployment's HCL (infra/gcp/functions.tf) and
+// its IAM and RBAC against it.
 type Function struct {
 	Name       string // the function's key: its log field and its HCL key
 	EntryPoint string // the Functions Framework entry point
 	Triggers   []Trigger
 	Publishes  []string // topic keys (Topics.Name)
-	// ReadsArtifacts: the function reads the checkpoint buckets.
+	// ReadsArtifacts: the function reads the checkpoint buckets. Every
+	// function reads and writes the intake bucket (runs, leases, specs).
 	ReadsArtifacts bool
+	// Kube is the verbs the function uses on each kind of object, granted
+	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
+	// No function touches Secrets, pods or anything cluster-wide.
+	Kube map[string][]string
+}
+
+// The Kubernetes resources the functions use, with their API groups.
+const (
+	ResourceConfigMaps  = "configmaps"
+	ResourceRayClusters = "rayclusters"
+	ResourceRayJobs     = "rayjobs"
+)
+
+// KubeGroups are the API groups of the resources in Function.Kube.
+var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
+
+// What starting an attempt does (StartAttempt): the trainer's ConfigMap,
+// then the RayCluster created or scaled back up.
+var startAttempt = map[string][]string{
+	ResourceConfigMaps:  {"create"},
+	ResourceRayClusters: {"create", "get", "update"},
+}
+
+// with is verbs added to a Kube table (a new map).
+func with(base map[string][]string, resource string, verbs ...string) map[string][]string {
+	out := map[string][]string{}
+	for r, v := range base {
+		out[r] = slices.Clone(v)
+	}
+	out[resource] = append(out[resource], verbs...)
+	slices.Sort(out[resource])
+	out[resource] = slices.Compact(out[resource])
+	return out
 }
 
 // Trigger delivers events to a function: a Pub/Sub topic's published
@@ -51,11 +91,13 @@ var Functions = []Function{
 			{Name: "provision-requests", Topic: TopicRequests},
 		},
 		Publishes: []string{TopicProvisioned, TopicSubmitted, TopicEvents},
+		Kube:      startAttempt,
 	},
 	{
 		Name: "submit", EntryPoint: "Submit",
 		Triggers:  []Trigger{{Name: "submit", Topic: TopicProvisioned}},
 		Publishes: []string{TopicSubmitted, TopicFinished},
+		Kube:      map[string][]string{ResourceRayJobs: {"create"}},
 	},
 	{
 		Name: "monitor", EntryPoint: "Monitor", ReadsArtifacts: true,
@@ -65,11 +107,17 @@ var Functions = []Function{
 			{Name: "monitor-marks", Bucket: BucketArtifacts},
 		},
 		Publishes: []string{TopicProvisioned, TopicFinished, TopicEvents},
+		// Watches its jobs, cancels (deletes) them, starts retries, and
+		// the sweep lists jobs and clusters and scales idle ones to zero.
+		Kube: with(with(startAttempt, ResourceRayClusters, "list"), ResourceRayJobs, "delete", "get", "list"),
 	},
 	{
 		Name: "finalize", EntryPoint: "Finalize", ReadsArtifacts: true,
 		Triggers:  []Trigger{{Name: "finalize", Topic: TopicFinished}},
 		Publishes: []string{TopicProvisioned, TopicEvents},
+		// Deletes a cancelled run's job, scales the cluster to zero or
+		// hands it to the next run in its queue.
+		Kube: with(startAttempt, ResourceRayJobs, "delete"),
 	},
 }
 
@@ -107,4 +155,12 @@ func FunctionOf(trigger string) (Function, bool) {
 		}
 	}
 	return Function{}, false
+}
+
+// Identity is the email of the function's service account in project:
+// raydrop-<name>, as the deployment creates it. GKE authenticates it to
+// the Kubernetes API under this name, the user its RoleBindings name
+// (https://cloud.google.com/kubernetes-engine/docs/how-to/role-based-access-control#rolebinding).
+func (f Function) Identity(project string) string {
+	return "raydrop-" + f.Name + "@" + project + ".iam.gserviceaccount.com"
 }

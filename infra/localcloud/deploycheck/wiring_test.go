@@ -78,6 +78,7 @@ func TestHCLMatchesWiring(t *testing.T) {
 		if hf.GetAttr("reads_artifacts").True() != fn.ReadsArtifacts {
 			t.Errorf("function %s: reads_artifacts differs from the wiring table (%v)", fn.Name, fn.ReadsArtifacts)
 		}
+		checkKube(t, fn, hf.GetAttr("kube"))
 		for _, tr := range fn.Triggers {
 			nTriggers++
 			ht, ok := triggers[tr.Name]
@@ -96,6 +97,11 @@ func TestHCLMatchesWiring(t *testing.T) {
 	if len(triggers) != nTriggers {
 		t.Errorf("%s has %d triggers, the wiring table %d", path, len(triggers), nTriggers)
 	}
+	for r, g := range value("kube_api_groups").AsValueMap() {
+		if want, ok := pipeline.KubeGroups[r]; !ok || g.AsString() != want {
+			t.Errorf("kube_api_groups: %s is in group %q in HCL, %q in the wiring table", r, g.AsString(), want)
+		}
+	}
 	env := attrs["function_env"]
 	if env == nil {
 		t.Fatalf("%s has no local function_env", path)
@@ -104,6 +110,36 @@ func TestHCLMatchesWiring(t *testing.T) {
 	for _, k := range pipeline.TopicKeys {
 		if !strings.Contains(envSrc, pipeline.TopicEnv(k)+" ") {
 			t.Errorf("function_env does not set %s", pipeline.TopicEnv(k))
+		}
+	}
+	for _, v := range []string{"RAYDROP_OUTPUT_BUCKETS", "RAYDROP_NAMESPACES"} {
+		if !strings.Contains(envSrc, v+" ") {
+			t.Errorf("function_env does not set %s", v)
+		}
+	}
+	if !strings.Contains(string(src), `account_id   = "raydrop-${each.key}"`) {
+		t.Errorf("the functions' service accounts are not raydrop-<function> (pipeline.Function.Identity)")
+	}
+}
+
+// checkKube checks a function's Kubernetes verbs in HCL (its Role) against
+// the wiring table.
+func checkKube(t *testing.T, fn pipeline.Function, kube cty.Value) {
+	t.Helper()
+	got := map[string][]string{}
+	if !kube.IsNull() {
+		for r, verbs := range kube.AsValueMap() {
+			for _, v := range verbs.AsValueSlice() {
+				got[r] = append(got[r], v.AsString())
+			}
+		}
+	}
+	if len(got) != len(fn.Kube) {
+		t.Errorf("function %s: Kubernetes resources %v in HCL, %v in the wiring table", fn.Name, got, fn.Kube)
+	}
+	for r, verbs := range fn.Kube {
+		if !sameSet(got[r], verbs) {
+			t.Errorf("function %s: verbs on %s %v in HCL, %v in the wiring table", fn.Name, r, got[r], verbs)
 		}
 	}
 }

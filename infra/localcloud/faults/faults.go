@@ -3,8 +3,10 @@
 // server or Cloud Storage (fake-gcs-server).
 //
 // Each client (one function) gets its own door, a listener on 127.0.0.1, so
-// every request is known by the client that sent it. The proxy forwards each
-// request to the service unchanged and records it; on demand it
+// every request is known by the client that sent it, and a door may carry
+// its client's own credentials to the service (DoorWith): the door is the
+// client's identity. The proxy forwards each request to the service
+// unchanged and records it; on demand it
 //
 //   - answers a share of writes with 409 Conflict instead of forwarding them,
 //     with the Status body the API server itself sends for a write that lost
@@ -43,7 +45,7 @@ type Request struct {
 	Path   string // with the query: a Cloud Storage upload names its object there
 	Status int    // the answer's status code; 0 when the service gave none
 	Write  bool   // any method but GET, HEAD and OPTIONS
-	// Injected says the proxy answered (a 409) without forwarding.
+	// Injected says the proxy answered (a 409, a refusal) without forwarding.
 	Injected bool
 	At       time.Time
 }
@@ -62,15 +64,19 @@ type Proxy struct {
 	hook     func(Request)
 	requests []Request
 	denials  []denial
+	// transports are the clients' own (DoorWith); others use the default.
+	transports map[string]http.RoundTripper
 }
 
-// denial refuses a client's matching requests, as a service refuses an
-// identity without the permission.
+// Refusal answers a request (method, path with the query) that the service
+// refuses the client, as a service refuses an identity without the
+// permission, with its status and body; status 0 lets it through.
+type Refusal func(method, path string) (status int, body string)
+
+// denial is a client's refusal.
 type denial struct {
 	client string
-	match  func(path string) bool
-	status int
-	body   string
+	refuse Refusal
 }
 
 type door struct {
@@ -89,13 +95,13 @@ func New(name, upstream string, rt http.RoundTripper) (*Proxy, error) {
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
-	p := &Proxy{name: name, upstream: u, doors: map[string]*door{}, rng: rand.New(rand.NewPCG(1, 2))}
+	p := &Proxy{name: name, upstream: u, doors: map[string]*door{}, rng: rand.New(rand.NewPCG(1, 2)), transports: map[string]http.RoundTripper{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(u)
 			r.Out.Host = u.Host
 		},
-		Transport:     rt,
+		Transport:     clientTransport{p, rt},
 		FlushInterval: -1, // watches and streamed bodies pass through at once
 		// The hook runs once the service answered, before the answer is
 		// written back: ModifyResponse is the last point with both.
@@ -136,6 +142,34 @@ func (p *Proxy) Door(client string) (string, error) {
 	p.doors[client] = d
 	p.serve(client, d, l)
 	return d.addr, nil
+}
+
+// DoorWith opens the client's door, as Door, and forwards its requests
+// through rt: the client's own credentials, so the service authenticates
+// and authorizes the client, not the proxy.
+func (p *Proxy) DoorWith(client string, rt http.RoundTripper) (string, error) {
+	p.mu.Lock()
+	p.transports[client] = rt
+	p.mu.Unlock()
+	return p.Door(client)
+}
+
+// clientTransport forwards a request through its client's transport.
+type clientTransport struct {
+	p    *Proxy
+	base http.RoundTripper
+}
+
+func (c clientTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	rt := c.base
+	if req, ok := r.Context().Value(requestKey{}).(*Request); ok {
+		c.p.mu.Lock()
+		if own, ok := c.p.transports[req.Client]; ok {
+			rt = own
+		}
+		c.p.mu.Unlock()
+	}
+	return rt.RoundTrip(r)
 }
 
 func (p *Proxy) serve(client string, d *door, l net.Listener) {
@@ -230,14 +264,14 @@ func (p *Proxy) handler(client string) http.Handler {
 		req := Request{Client: client, Method: r.Method, Path: r.URL.RequestURI(), Write: isWrite(r.Method), At: time.Now()}
 		p.mu.Lock()
 		inject := req.Write && p.share > 0 && p.rng.Float64() < p.share
-		deny := p.denied(client, req.Path)
+		status, body := p.refused(client, req.Method, req.Path)
 		p.mu.Unlock()
-		if deny != nil {
-			req.Status, req.Injected = deny.status, true
+		if status != 0 {
+			req.Status, req.Injected = status, true
 			p.record(req)
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(deny.status)
-			_, _ = io.WriteString(w, deny.body)
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, body)
 			return
 		}
 		if inject {
@@ -253,23 +287,26 @@ func (p *Proxy) handler(client string) http.Handler {
 	})
 }
 
-// Deny answers client's requests whose path (with the query) match reports
-// with status and body, without forwarding them: the answer the service
-// gives an identity that lacks the permission.
-func (p *Proxy) Deny(client string, match func(path string) bool, status int, body string) {
+// Refuse makes the proxy answer client's requests that refuse refuses
+// without forwarding them. Refusals add up: the first that refuses answers.
+func (p *Proxy) Refuse(client string, refuse Refusal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.denials = append(p.denials, denial{client, match, status, body})
+	p.denials = append(p.denials, denial{client, refuse})
 }
 
-// denied is the denial of a client's request; p.mu is held.
-func (p *Proxy) denied(client, path string) *denial {
-	for i, d := range p.denials {
-		if d.client == client && d.match(path) {
-			return &p.denials[i]
+// refused is the answer to a client's refused request (status 0: not
+// refused); p.mu is held.
+func (p *Proxy) refused(client, method, path string) (int, string) {
+	for _, d := range p.denials {
+		if d.client != client {
+			continue
+		}
+		if status, body := d.refuse(method, path); status != 0 {
+			return status, body
 		}
 	}
-	return nil
+	return 0, ""
 }
 
 // requestKey carries a request's record from the handler to ModifyResponse.

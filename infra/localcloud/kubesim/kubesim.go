@@ -177,6 +177,18 @@ func (s *Sim) WriteKubeconfig(path string) error {
 	return nil
 }
 
+// User is a rest.Config that authenticates as user (a client certificate
+// signed by the API server's client CA), with no group: what it may do is
+// what RBAC grants that name, as on GKE, where a Google service account
+// authenticates under its email and holds only what is bound to it.
+func (s *Sim) User(name string) (*rest.Config, error) {
+	u, err := s.env.ControlPlane.AddUser(envtest.User{Name: name}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("kubesim: add user %s: %w", name, err)
+	}
+	return u.Config(), nil
+}
+
 // Played returns a record per Ray job submitted so far, in submission order.
 func (s *Sim) Played() []JobRecord { return s.dash.records() }
 

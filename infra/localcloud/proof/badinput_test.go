@@ -139,35 +139,40 @@ func testBadInput(t *testing.T) {
 		wg.Go(func() { badDelivery(t, c) })
 	}
 	wg.Go(func() { shellInEveryField(t) })
-	wg.Go(func() { foreignBucket(t) })
+	wg.Go(func() { outsideTheDeployment(t) })
 	wg.Wait()
 }
 
-// foreignBucket: a spec naming a checkpoint bucket the deployment does not
-// let runs write (its functions could never read what the run wrote) is
-// rejected at admission, naming output.bucket and the buckets allowed.
-func foreignBucket(t *testing.T) {
-	scenario := "bad input: a checkpoint bucket outside the deployment"
-	var m map[string]any
-	if err := json.Unmarshal(spec(t, "foreign-bucket", nil), &m); err != nil {
-		t.Fatal(err)
-	}
-	setPath(m, "output.bucket", "someone-elses-checkpoints")
-	data, _ := json.Marshal(m)
-	runID := upload(t, "foreign-bucket", data, "")
-	own(runID, scenario)
-	var problems []string
-	rec, err := probe.WaitPhase(context.Background(), st, runID, 2*time.Minute, probe.Ended...)
-	switch {
-	case err != nil:
-		problems = append(problems, err.Error())
-	case rec.Phase != runs.Rejected || rec.Reason != runs.InvalidSpec || len(rec.Problems) != 1 ||
-		rec.Problems[0].Path != "output.bucket" || !strings.Contains(rec.Problems[0].Message, output):
-		problems = append(problems, fmt.Sprintf("run ended %s (%s) with problems %v; want REJECTED naming output.bucket and %s", rec.Phase, rec.Reason, rec.Problems, output))
-	}
-	report.Add(scenario, 0, 0, problems...)
-	for _, p := range problems {
-		t.Error(p)
+// outsideTheDeployment: a spec naming a checkpoint bucket the deployment
+// does not let runs write (its functions could never read what the run
+// wrote), or a namespace where the functions hold no Role, is rejected at
+// admission, naming the field and what is allowed.
+func outsideTheDeployment(t *testing.T) {
+	for _, c := range []struct{ scenario, name, path, value, allowed string }{
+		{"bad input: a checkpoint bucket outside the deployment", "foreign-bucket", "output.bucket", "someone-elses-checkpoints", output},
+		{"bad input: a namespace outside the deployment", "foreign-namespace", "cluster.namespace", "kube-system", stack.Namespace},
+	} {
+		var m map[string]any
+		if err := json.Unmarshal(spec(t, c.name, nil), &m); err != nil {
+			t.Fatal(err)
+		}
+		setPath(m, c.path, c.value)
+		data, _ := json.Marshal(m)
+		runID := upload(t, c.name, data, "")
+		own(runID, c.scenario)
+		var problems []string
+		rec, err := probe.WaitPhase(context.Background(), st, runID, 2*time.Minute, probe.Ended...)
+		switch {
+		case err != nil:
+			problems = append(problems, err.Error())
+		case rec.Phase != runs.Rejected || rec.Reason != runs.InvalidSpec || len(rec.Problems) != 1 ||
+			rec.Problems[0].Path != c.path || !strings.Contains(rec.Problems[0].Message, c.allowed):
+			problems = append(problems, fmt.Sprintf("run ended %s (%s) with problems %v; want REJECTED naming %s and %s", rec.Phase, rec.Reason, rec.Problems, c.path, c.allowed))
+		}
+		report.Add(c.scenario, 0, 0, problems...)
+		for _, p := range problems {
+			t.Error(p)
+		}
 	}
 }
 

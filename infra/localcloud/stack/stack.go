@@ -17,7 +17,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,16 +96,18 @@ type Stack struct {
 	KubeProxy *faults.Proxy
 	GCSProxy  *faults.Proxy
 	funcs     map[string]*function
-	crashMu   sync.Mutex
-	crashes   []*crashPlan
-	killed    []Crash // every crash plan that fired
-	paused    atomic.Bool
-	stopping  atomic.Bool
-	ownState  bool // StateDir was made by Start: removed by Stop unless kept
-	keepState bool
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	stopOnce  sync.Once
+	// pubsubDoors hold each function to the topics it may publish to.
+	pubsubDoors map[string]*pubsubDoor
+	crashMu     sync.Mutex
+	crashes     []*crashPlan
+	killed      []Crash // every crash plan that fired
+	paused      atomic.Bool
+	stopping    atomic.Bool
+	ownState    bool // StateDir was made by Start: removed by Stop unless kept
+	keepState   bool
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	stopOnce    sync.Once
 }
 
 // Env is the environment that points tools and clients at the stack.
@@ -207,9 +208,15 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	s.KubeProxy.SetHook(hook)
 	s.GCSProxy.SetHook(hook)
 
+	s.step("granting each function's identity its Role (RBAC) and bucket roles")
+	if err := s.grantAll(ctx); err != nil {
+		return nil, err
+	}
+
 	s.step("starting the four functions, each in its own process")
 	targets := map[string]string{}
 	s.funcs = map[string]*function{}
+	s.pubsubDoors = map[string]*pubsubDoor{}
 	for _, fn := range Functions {
 		f, err := s.newFunction(bin, fn)
 		if err != nil {
@@ -254,21 +261,6 @@ var Functions = func() []string {
 	}
 	return out
 }()
-
-// DenyBucket makes Cloud Storage refuse every request of function (an
-// entry point) for bucket, with the 403 Google sends an identity that has no
-// role on the bucket.
-func (s *Stack) DenyBucket(function, bucket string) {
-	match := func(path string) bool {
-		return strings.Contains(path, "/b/"+bucket+"/") || strings.HasSuffix(path, "/b/"+bucket) ||
-			strings.Contains(path, "/b/"+bucket+"?") || strings.HasPrefix(path, "/"+bucket+"/")
-	}
-	// The error body of Cloud Storage's JSON API for a missing permission:
-	// https://cloud.google.com/storage/docs/json_api/v1/status-codes#403_Forbidden
-	body := fmt.Sprintf(`{"error":{"code":403,"message":"%s@%s.iam.gserviceaccount.com does not have storage.objects.get access to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist).","errors":[{"message":"denied","domain":"global","reason":"forbidden"}]}}`,
-		strings.ToLower(function), Project)
-	s.GCSProxy.Deny(function, match, http.StatusForbidden, body)
-}
 
 // routes are Eventarc's routes of the wiring table (pipeline.Functions), to
 // the functions' targets by entry point, with the topic each route's push
@@ -327,7 +319,11 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	f := &function{name: target, bin: bin, port: port, logPath: filepath.Join(s.opts.StateDir, strings.ToLower(target)+".log")}
-	kubeDoor, err := s.KubeProxy.Door(target)
+	rt, err := s.kubeTransport(target)
+	if err != nil {
+		return nil, err
+	}
+	kubeDoor, err := s.KubeProxy.DoorWith(target, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -335,6 +331,7 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.holdToGrants(target)
 	kubeconfig := filepath.Join(s.opts.StateDir, "kubeconfig-"+strings.ToLower(target))
 	if err := writeProxyKubeconfig(kubeconfig, "http://"+kubeDoor); err != nil {
 		return nil, err
@@ -342,14 +339,19 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	f.env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
-		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","))
-	f.env = append(f.env, s.PubSub.Env()...)
+		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace)
+	door, err := s.openPubSubDoor(target)
+	if err != nil {
+		return nil, err
+	}
+	s.pubsubDoors[target] = door
+	f.env = append(f.env, "PUBSUB_EMULATOR_HOST="+door.addr)
 	f.env = append(f.env, "STORAGE_EMULATOR_HOST="+gcsDoor)
 	return f, nil
 }
 
 // writeProxyKubeconfig writes a kubeconfig for the proxy's plain-HTTP door
-// (the proxy holds the admin credentials).
+// (the door holds the function's own credentials).
 func writeProxyKubeconfig(path, server string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: server}
@@ -439,6 +441,20 @@ func (s *Stack) Restart(ctx context.Context, fn string) error {
 		return nil // another restart won, or the stack is going away
 	}
 	return f.start(ctx)
+}
+
+// PID is the process ID of a function's current instance (0: none).
+func (s *Stack) PID(fn string) int {
+	f, ok := s.funcs[fn]
+	if !ok {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cmd == nil || f.cmd.Process == nil {
+		return 0
+	}
+	return f.cmd.Process.Pid
 }
 
 // Restarts counts the restarts of a function's process.
@@ -688,6 +704,9 @@ func (s *Stack) Stop() {
 			if p != nil {
 				p.Close()
 			}
+		}
+		for _, d := range s.pubsubDoors {
+			d.close()
 		}
 		var errs []error
 		if s.Sim != nil {

@@ -1,0 +1,40 @@
+package pipeline
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestRolesAreTheTable: each function's Role holds exactly its Kube table,
+// every resource in a known API group, and no function may touch Secrets,
+// pods or anything with a wildcard.
+func TestRolesAreTheTable(t *testing.T) {
+	for _, f := range Functions {
+		role := f.Role("ns")
+		if role.Namespace != "ns" || role.Name != "raydrop-"+f.Name || len(role.Rules) != len(f.Kube) {
+			t.Errorf("%s: role %s/%s with %d rules, want raydrop-%s in ns with %d", f.Name, role.Namespace, role.Name, len(role.Rules), f.Name, len(f.Kube))
+		}
+		for _, r := range role.Rules {
+			if len(r.Resources) != 1 || len(r.APIGroups) != 1 {
+				t.Fatalf("%s: rule %v is not one resource in one group", f.Name, r)
+			}
+			res := r.Resources[0]
+			group, known := KubeGroups[res]
+			if !known || r.APIGroups[0] != group {
+				t.Errorf("%s: %s in group %q, known %v", f.Name, res, r.APIGroups[0], known)
+			}
+			if !slices.Equal(r.Verbs, f.Kube[res]) || slices.Contains(r.Verbs, "*") || len(r.Verbs) == 0 {
+				t.Errorf("%s: verbs on %s %v, table %v", f.Name, res, r.Verbs, f.Kube[res])
+			}
+		}
+		for res := range f.Kube {
+			if res == "secrets" || res == "pods" || res == "*" {
+				t.Errorf("%s may use %s", f.Name, res)
+			}
+		}
+		b := f.RoleBinding("ns", f.Identity("p"))
+		if b.RoleRef.Name != role.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != "raydrop-"+f.Name+"@p.iam.gserviceaccount.com" || b.Subjects[0].Kind != "User" {
+			t.Errorf("%s: binding %+v", f.Name, b)
+		}
+	}
+}
