@@ -34,7 +34,10 @@ func GKEEndpoint(c *containerpb.Cluster) (Endpoint, error) {
 	if dns := eps.GetDnsEndpointConfig(); dns.GetEndpoint() != "" && dns.GetAllowExternalTraffic() {
 		return Endpoint{Host: "https://" + dns.GetEndpoint()}, nil
 	}
-	public := !c.GetPrivateClusterConfig().GetEnablePrivateEndpoint()
+	// The API reports IP endpoints in ControlPlaneEndpointsConfig (its
+	// PrivateClusterConfig.enable_private_endpoint is deprecated for it);
+	// a response without it has only the public endpoint.
+	public := true
 	if ip := eps.GetIpEndpointsConfig(); ip != nil {
 		public = ip.GetEnabled() && ip.GetEnablePublicEndpoint()
 	}

@@ -26,8 +26,6 @@ func TestGKEEndpoint(t *testing.T) {
 		}
 		return c
 	}
-	legacyPrivate := cluster(nil, nil)
-	legacyPrivate.PrivateClusterConfig = &containerpb.PrivateClusterConfig{EnablePrivateEndpoint: true}
 	for _, c := range []struct {
 		name    string
 		cluster *containerpb.Cluster
@@ -41,7 +39,7 @@ func TestGKEEndpoint(t *testing.T) {
 		{"dns closed, public ip", cluster(dns(false), ip(true, true)), "https://34.1.2.3", true, ""},
 		{"no endpoints config (older cluster)", cluster(nil, nil), "https://34.1.2.3", true, ""},
 		{"dns closed, private ip", cluster(dns(false), ip(true, false)), "", false, "--enable-dns-access"},
-		{"older private cluster", legacyPrivate, "", false, "--enable-dns-access"},
+		{"no ip endpoint, dns closed", cluster(dns(false), ip(false, false)), "", false, "--enable-dns-access"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ep, err := GKEEndpoint(c.cluster)
