@@ -36,6 +36,7 @@ import (
 
 const (
 	intake = "raydrop-intake"
+	state  = "raydrop-state"
 	output = "my-project-raydrop-checkpoints"
 )
 
@@ -71,16 +72,16 @@ type msg struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{t: t, ctx: context.Background(), gcs: gcstest.New(t, intake, output), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
+	w := &world{t: t, ctx: context.Background(), gcs: gcstest.New(t, intake, state, output), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
 	cfg, err := pipeline.LoadConfig(func(k string) string {
-		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output}[k]
+		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_STATE_BUCKET": state, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.ray = rayfake.NewSimpleClientset()
 	clock := func() time.Time { return w.now }
-	b := w.gcs.Bucket(intake)
+	b := w.gcs.Bucket(cfg.StateBucket)
 	w.deps = &pipeline.Deps{
 		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &pipeline.GCS{Client: w.gcs},
 		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
@@ -485,7 +486,7 @@ func TestRejectedSpec(t *testing.T) {
 
 func TestIgnoredObjects(t *testing.T) {
 	w := newWorld(t)
-	for _, name := range []string{"runs/x/notes.json", "clusters/default/c.json", "jobs/sub/x.json", "jobs/x.yaml", "other.json"} {
+	for _, name := range []string{"runs/x/notes.json", "clusters/default/c.json", "jobs/../x.json", "jobs/x.yaml", "other.json"} {
 		if err := w.deliver("intake", w.upload(name, "{}")); err != nil {
 			t.Fatal(err)
 		}
@@ -907,5 +908,37 @@ func TestUnreadableCheckpointsEndTheRun(t *testing.T) {
 				t.Errorf("workers %d, lease %+v after both runs ended; want 0 and free", w.workers(), w.lease())
 			}
 		})
+	}
+}
+
+// TestSpecsInSubFolders: a spec in a sub-folder of jobs/ runs like any
+// other; a name with an empty, "." or ".." folder starts nothing. The
+// pipeline's records and leases are in the state bucket, none in the
+// intake bucket.
+func TestSpecsInSubFolders(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/team-a/nested/gemma.json", example(t))
+	w.runToSuccess(runID, 1)
+	if r := w.record(runID); r.Phase != runs.Succeeded || r.Name != "gemma3-vision" {
+		t.Errorf("phase %s name %q", r.Phase, r.Name)
+	}
+	for _, name := range []string{"jobs/../x.json", "jobs//x.json", "jobs/./x.json", "jobs/a/.json/"} {
+		if err := w.deliver("intake", w.upload(name, example(t))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.drain()
+	if n := w.count("accepted"); n != 1 {
+		t.Errorf("%d accepted events, want 1 (the sub-folder spec's)", n)
+	}
+	it := w.gcs.Bucket(intake).Objects(w.ctx, nil)
+	for {
+		a, err := it.Next()
+		if err != nil {
+			break
+		}
+		if !strings.HasPrefix(a.Name, "jobs/") {
+			t.Errorf("the pipeline wrote %s to the intake bucket", a.Name)
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,10 +50,14 @@ func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
 	if id, ok := strings.CutPrefix(o.Name, "cancel/"); ok && !strings.Contains(id, "/") {
 		return h.cancel(ctx, id, fmt.Sprintf("gs://%s/%s", o.Bucket, o.Name))
 	}
-	// Only jobs/<name>.json starts a run: everything the pipeline writes
-	// itself (runs/, clusters/) and anything else is ignored, so nothing loops.
-	if ok, _ := path.Match("jobs/*.json", o.Name); !ok {
-		h.Deps.Log.Debug("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not jobs/*.json")
+	// Only a .json object under jobs/ starts a run; anything else is
+	// ignored (and logged), so nothing the pipeline could write loops.
+	if !specObject(o.Name) {
+		log := h.Deps.Log.Warn
+		if h.Deps.Config.StateBucket == o.Bucket && slices.ContainsFunc(runs.StatePrefixes, func(p string) bool { return strings.HasPrefix(o.Name, p) }) {
+			log = h.Deps.Log.Debug // the pipeline's own state, in a deployment without a state bucket
+		}
+		log("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "not a job spec: specs are .json objects under jobs/ (sub-folders too), with no empty, . or .. folder")
 		return nil
 	}
 	runID := names.RunIDFromObject(o.Bucket, o.Name, int64(o.Generation))
@@ -69,6 +73,22 @@ func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
 		return err
 	}
 	return h.intake(ctx, runID, source, names.SpecName(o.Name), data, int64(o.Size))
+}
+
+// specObject reports whether an intake object is a job spec: a .json
+// object under jobs/, in any sub-folder (teams keep their specs in
+// folders: jobs/team-a/x.json runs), with no empty, "." or ".." folder.
+func specObject(name string) bool {
+	rest, ok := strings.CutPrefix(name, "jobs/")
+	if !ok || !strings.HasSuffix(rest, ".json") {
+		return false
+	}
+	for _, seg := range strings.Split(rest, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 func (h *Handler) fromMessage(ctx context.Context, e event.Event) error {

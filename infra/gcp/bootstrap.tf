@@ -39,7 +39,8 @@ resource "terraform_data" "iam_propagation" {
   triggers_replace = concat(
     [for m in google_project_iam_member.cluster_viewer : m.id],
     [for m in google_project_iam_member.event_receiver : m.id],
-    [for m in google_storage_bucket_iam_member.intake_admin : m.id],
+    [for m in google_storage_bucket_iam_member.state_admin : m.id],
+    [for m in google_storage_bucket_iam_member.intake_viewer : m.id],
     [for m in google_storage_bucket_iam_member.artifacts_viewer : m.id],
     [for m in google_pubsub_topic_iam_member.publisher : m.id],
     [google_project_iam_member.gcs_agent_publisher.id, google_project_iam_member.build.id],

@@ -80,6 +80,7 @@ locals {
   function_env = merge(var.env, {
     RAYDROP_PROJECT           = var.project_id
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
+    RAYDROP_STATE_BUCKET      = google_storage_bucket.state.name
     RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
     RAYDROP_NAMESPACES        = var.namespace
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
@@ -146,10 +147,19 @@ resource "google_project_iam_member" "build" {
   member  = google_service_account.build.member
 }
 
-resource "google_storage_bucket_iam_member" "intake_admin" {
+# Every function keeps its records and leases in the state bucket; only
+# the function the intake bucket triggers reads it (pipeline.Function.ReadsIntake).
+resource "google_storage_bucket_iam_member" "state_admin" {
   for_each = local.functions
-  bucket   = google_storage_bucket.intake.name
+  bucket   = google_storage_bucket.state.name
   role     = "roles/storage.objectAdmin"
+  member   = google_service_account.function[each.key].member
+}
+
+resource "google_storage_bucket_iam_member" "intake_viewer" {
+  for_each = toset(distinct([for t in local.triggers : t.function if t.bucket == "intake"]))
+  bucket   = google_storage_bucket.intake.name
+  role     = "roles/storage.objectViewer"
   member   = google_service_account.function[each.key].member
 }
 
@@ -263,12 +273,17 @@ resource "google_cloudfunctions2_function" "trigger" {
   }
 
   service_config {
-    available_memory      = "512Mi"
-    timeout_seconds       = 540
-    max_instance_count    = var.function_max_instances
-    ingress_settings      = "ALLOW_INTERNAL_ONLY"
-    service_account_email = google_service_account.function[each.value.function].email
-    environment_variables = local.function_env
+    available_memory   = "512Mi"
+    timeout_seconds    = 540
+    max_instance_count = var.function_max_instances
+    # Many events at once per instance, which Cloud Run allows only with
+    # at least one whole CPU:
+    # https://cloud.google.com/run/docs/configuring/services/cpu#cpu-memory
+    max_instance_request_concurrency = var.function_concurrency
+    available_cpu                    = "1"
+    ingress_settings                 = "ALLOW_INTERNAL_ONLY"
+    service_account_email            = google_service_account.function[each.value.function].email
+    environment_variables            = local.function_env
   }
 
   event_trigger {

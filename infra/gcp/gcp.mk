@@ -60,7 +60,7 @@ destroy: $(if $(filter $(TOFU),$(INFRA_TF)),$(TOFU)) ## Remove the deployment fr
 	$(INFRA_TF) -chdir=infra/gcp destroy -var-file=$(INFRA_VARS) $(DEPLOY_FLAGS)
 
 .PHONY: deploy-env
-deploy-env: ## Print the export lines (RAYDROP_PROJECT, RAYDROP_INTAKE_BUCKET) that point the CLI at the deployment
+deploy-env: ## Print the export lines (RAYDROP_PROJECT, RAYDROP_INTAKE_BUCKET, RAYDROP_STATE_BUCKET) that point the CLI at the deployment
 	@$(INFRA_TF) -chdir=infra/gcp output -raw cli_env
 
 $(TOFU):

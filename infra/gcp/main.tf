@@ -1,5 +1,6 @@
 locals {
   intake_bucket   = coalesce(var.intake_bucket, "${var.project_id}-raydrop-intake")
+  state_bucket    = coalesce(var.state_bucket, "${var.project_id}-raydrop-state")
   artifact_bucket = coalesce(var.artifact_bucket, "${var.project_id}-raydrop-checkpoints")
   source_bucket   = coalesce(var.source_bucket, "${var.project_id}-raydrop-source")
 
@@ -54,6 +55,17 @@ resource "google_project_service" "services" {
 
 resource "google_storage_bucket" "intake" {
   name                        = local.intake_bucket
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = var.force_destroy_buckets
+  depends_on                  = [google_project_service.services]
+}
+
+# Nothing listens to the state bucket: the pipeline's own writes (several
+# per run) wake no function.
+resource "google_storage_bucket" "state" {
+  name                        = local.state_bucket
   location                    = var.region
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"

@@ -3,6 +3,11 @@ output "intake_bucket" {
   value       = google_storage_bucket.intake.name
 }
 
+output "state_bucket" {
+  description = "Run records and cluster leases (the CLI reads them)."
+  value       = google_storage_bucket.state.name
+}
+
 output "artifact_bucket" {
   description = "Checkpoint bucket: the job spec's output.bucket."
   value       = google_storage_bucket.artifacts.name
@@ -40,5 +45,5 @@ output "job_spec_cluster" {
 
 output "cli_env" {
   description = "Environment for the raydrop CLI (eval \"$(tofu output -raw cli_env)\")."
-  value       = "export RAYDROP_PROJECT=${var.project_id}\nexport RAYDROP_INTAKE_BUCKET=${google_storage_bucket.intake.name}\n"
+  value       = "export RAYDROP_PROJECT=${var.project_id}\nexport RAYDROP_INTAKE_BUCKET=${google_storage_bucket.intake.name}\nexport RAYDROP_STATE_BUCKET=${google_storage_bucket.state.name}\n"
 }

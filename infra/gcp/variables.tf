@@ -66,7 +66,13 @@ variable "ray_service_account" {
 }
 
 variable "intake_bucket" {
-  description = "Intake bucket (jobs/ in, runs/ and clusters/ records). Empty: <project_id>-raydrop-intake."
+  description = "Intake bucket: job specs (jobs/) and cancellations (cancel/) users drop. Empty: <project_id>-raydrop-intake."
+  type        = string
+  default     = ""
+}
+
+variable "state_bucket" {
+  description = "State bucket: run records (runs/) and cluster leases (clusters/), where no trigger listens. Empty: <project_id>-raydrop-state."
   type        = string
   default     = ""
 }
@@ -120,9 +126,19 @@ variable "tick_schedule" {
 }
 
 variable "function_max_instances" {
-  description = "Maximum instances of each function."
+  description = "Maximum instances of each deployed function (one per trigger)."
   type        = number
   default     = 10
+}
+
+variable "function_concurrency" {
+  description = "Requests one function instance serves at once (the handlers are safe for concurrent events; Cloud Run needs a whole CPU per instance for more than one)."
+  type        = number
+  default     = 16
+  validation {
+    condition     = var.function_concurrency >= 1 && var.function_concurrency <= 1000
+    error_message = "function_concurrency must be between 1 and 1000 (Cloud Run's limit)."
+  }
 }
 
 variable "env" {

@@ -25,12 +25,14 @@ import (
 // target is where the commands find the deployment: flags over RAYDROP_*
 // variables over defaults.
 type target struct {
-	project, bucket, requests, events string
+	project, bucket, state, requests, events string
+	client                                   *storage.Client // set by store
 }
 
 func (t *target) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.project, "project", firstEnv("RAYDROP_PROJECT", "GOOGLE_CLOUD_PROJECT"), "Google Cloud project of the topics (RAYDROP_PROJECT)")
 	fs.StringVar(&t.bucket, "bucket", os.Getenv("RAYDROP_INTAKE_BUCKET"), "intake bucket (RAYDROP_INTAKE_BUCKET)")
+	fs.StringVar(&t.state, "state-bucket", os.Getenv("RAYDROP_STATE_BUCKET"), "bucket of the run records (RAYDROP_STATE_BUCKET; default: the intake bucket)")
 	fs.StringVar(&t.requests, "requests-topic", envOr("RAYDROP_TOPIC_REQUESTS", "raydrop-requests"), "requests topic")
 	fs.StringVar(&t.events, "events-topic", envOr("RAYDROP_TOPIC_EVENTS", "raydrop-events"), "public events topic")
 }
@@ -67,7 +69,7 @@ func friendly(err error, t *target) error {
 	case strings.Contains(msg, "could not find default credentials"):
 		return errors.New("no Google Cloud credentials: run `gcloud auth application-default login`, or point STORAGE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST at the local cloud (`make dev` prints them)")
 	case errors.Is(err, storage.ErrBucketNotExist):
-		return fmt.Errorf("bucket %q not found: check --bucket or RAYDROP_INTAKE_BUCKET", t.bucket)
+		return fmt.Errorf("bucket not found: check --bucket (RAYDROP_INTAKE_BUCKET, now %q) and --state-bucket (RAYDROP_STATE_BUCKET, now %q)", t.bucket, t.state)
 	case strings.Contains(msg, "NotFound") && strings.Contains(msg, "topic"):
 		return fmt.Errorf("topic not found in project %q: check --project and the topic flags: %w", t.project, err)
 	}
@@ -96,7 +98,16 @@ func (t *target) store(ctx context.Context) (*runs.Store, func(), error) {
 	if err != nil {
 		return nil, nil, friendly(err, t)
 	}
-	return &runs.Store{Bucket: c.Bucket(t.bucket)}, func() { _ = c.Close() }, nil
+	t.client = c
+	return &runs.Store{Bucket: c.Bucket(t.stateBucket())}, func() { _ = c.Close() }, nil
+}
+
+// stateBucket is the bucket of the run records.
+func (t *target) stateBucket() string {
+	if t.state != "" {
+		return t.state
+	}
+	return t.bucket
 }
 
 func fail(e *env, cmd string, err error) int {
@@ -298,10 +309,31 @@ func runCancel(ctx context.Context, e *env, args []string) int {
 	if r.Phase.Terminal() {
 		return fail(e, "cancel", fmt.Errorf("run %s has already ended %s", r.RunID, r.Phase))
 	}
-	w := st.Bucket.Object("cancel/" + r.RunID).NewWriter(ctx)
+	w := t.client.Bucket(t.bucket).Object("cancel/" + r.RunID).NewWriter(ctx)
 	if err := w.Close(); err != nil {
 		return fail(e, "cancel", friendly(err, t))
 	}
 	fmt.Fprintf(e.stdout, "cancellation of %s requested\n", r.RunID)
+	return ExitOK
+}
+
+func runMigrateState(ctx context.Context, e *env, args []string) int {
+	fs, t := deploymentFlags(e, "migrate-state")
+	if _, code, ok := parse(e, fs, args); !ok {
+		return code
+	}
+	if t.state == "" || t.state == t.bucket {
+		return fail(e, "migrate-state", errors.New("nothing to migrate: name the state bucket with --state-bucket or RAYDROP_STATE_BUCKET, different from the intake bucket"))
+	}
+	_, done, err := t.store(ctx)
+	if err != nil {
+		return fail(e, "migrate-state", err)
+	}
+	defer done()
+	copied, present, err := runs.MigrateState(ctx, t.client.Bucket(t.bucket), t.client.Bucket(t.state))
+	if err != nil {
+		return fail(e, "migrate-state", friendly(err, t))
+	}
+	fmt.Fprintf(e.stdout, "copied %d objects from gs://%s to gs://%s (%d were there already)\n", copied, t.bucket, t.state, present)
 	return ExitOK
 }

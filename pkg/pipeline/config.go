@@ -24,7 +24,12 @@ type Topics struct {
 // environment variables.
 type Config struct {
 	Project      string // RAYDROP_PROJECT: Google Cloud project of the topics
-	IntakeBucket string // RAYDROP_INTAKE_BUCKET: jobs/ in, runs/ and clusters/ kept here
+	IntakeBucket string // RAYDROP_INTAKE_BUCKET: what users drop (jobs/, cancel/)
+	// RAYDROP_STATE_BUCKET: the pipeline's own state (runs/ records,
+	// clusters/ leases), where no trigger listens, so its writes wake no
+	// function. Default: the intake bucket (deployments made before the
+	// state bucket existed).
+	StateBucket string
 	// RAYDROP_OUTPUT_BUCKETS (comma-separated): the buckets runs may write
 	// checkpoints to, the ones the functions' identities may read. A spec
 	// naming another is rejected at admission.
@@ -96,6 +101,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	c := Config{
 		Project:      need("RAYDROP_PROJECT"),
 		IntakeBucket: need("RAYDROP_INTAKE_BUCKET"),
+		StateBucket:  get("RAYDROP_STATE_BUCKET", get("RAYDROP_INTAKE_BUCKET", "")),
 		EventSource:  get("RAYDROP_EVENT_SOURCE", "//raydrop.dev/raydrop"),
 		Kubeconfig:   get("RAYDROP_KUBECONFIG", ""),
 		GKECluster:   get("RAYDROP_GKE_CLUSTER", ""),

@@ -62,7 +62,7 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	bucket := gcs.Bucket(cfg.IntakeBucket)
+	bucket := gcs.Bucket(cfg.StateBucket)
 	return &Deps{
 		Config:    cfg,
 		Runs:      &runs.Store{Bucket: bucket},

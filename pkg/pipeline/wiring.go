@@ -20,7 +20,8 @@ type Function struct {
 	Triggers   []Trigger
 	Publishes  []string // topic keys (Topics.Name)
 	// ReadsArtifacts: the function reads the checkpoint buckets. Every
-	// function reads and writes the intake bucket (runs, leases, specs).
+	// function reads and writes the state bucket (records, leases); only
+	// the function triggered by the intake bucket reads it (ReadsIntake).
 	ReadsArtifacts bool
 	// Kube is the verbs the function uses on each kind of object, granted
 	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
@@ -163,4 +164,10 @@ func FunctionOf(trigger string) (Function, bool) {
 // (https://cloud.google.com/kubernetes-engine/docs/how-to/role-based-access-control#rolebinding).
 func (f Function) Identity(project string) string {
 	return "raydrop-" + f.Name + "@" + project + ".iam.gserviceaccount.com"
+}
+
+// ReadsIntake reports whether the function reads the intake bucket: it is
+// the one its objects trigger.
+func (f Function) ReadsIntake() bool {
+	return slices.ContainsFunc(f.Triggers, func(t Trigger) bool { return t.Bucket == BucketIntake })
 }

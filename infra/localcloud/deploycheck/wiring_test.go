@@ -112,7 +112,7 @@ func TestHCLMatchesWiring(t *testing.T) {
 			t.Errorf("function_env does not set %s", pipeline.TopicEnv(k))
 		}
 	}
-	for _, v := range []string{"RAYDROP_OUTPUT_BUCKETS", "RAYDROP_NAMESPACES"} {
+	for _, v := range []string{"RAYDROP_OUTPUT_BUCKETS", "RAYDROP_NAMESPACES", "RAYDROP_STATE_BUCKET"} {
 		if !strings.Contains(envSrc, v+" ") {
 			t.Errorf("function_env does not set %s", v)
 		}

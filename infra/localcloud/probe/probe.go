@@ -191,7 +191,7 @@ func Spec(example []byte, cluster, bucket string, extra map[string]any) ([]byte,
 
 // Runs reads run records of the local cloud.
 func Runs(st *stack.Stack) *runs.Store {
-	return &runs.Store{Bucket: st.GCS.Bucket(stack.IntakeBucket)}
+	return &runs.Store{Bucket: st.GCS.Bucket(stack.StateBucket)}
 }
 
 // WaitPhase polls the run record until it reaches one of want.

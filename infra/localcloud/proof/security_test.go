@@ -116,21 +116,23 @@ func testSecrets(t *testing.T) {
 	search("events", ev)
 
 	objs := map[string][]byte{}
-	it := st.GCS.Bucket(stack.IntakeBucket).Objects(ctx, nil)
-	for {
-		a, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			break
+	for _, bucket := range []string{stack.IntakeBucket, stack.StateBucket} {
+		it := st.GCS.Bucket(bucket).Objects(ctx, nil)
+		for {
+			a, err := it.Next()
+			if errors.Is(err, iterator.Done) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bucket == stack.IntakeBucket && strings.HasPrefix(a.Name, "jobs/") {
+				continue // what users uploaded, the planted spec among them
+			}
+			objs[bucket+"/"+a.Name] = readObject(t, st.GCS.Bucket(bucket).Object(a.Name))
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.HasPrefix(a.Name, "jobs/") {
-			continue // what users uploaded, the planted spec among them
-		}
-		objs[a.Name] = readObject(t, st.GCS.Bucket(stack.IntakeBucket).Object(a.Name))
 	}
-	search("intake bucket objects (records, leases, claims)", objs)
+	search("intake and state bucket objects (records, leases, claims, cancellations)", objs)
 
 	logs := map[string][]byte{}
 	if err := filepath.WalkDir(st.StateDir(), func(path string, d fs.DirEntry, err error) error {

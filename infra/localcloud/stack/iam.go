@@ -23,9 +23,9 @@ import (
 //     holds only the Role the deployment binds to it in the runs'
 //     namespace. A verb it has no grant for is refused with the API
 //     server's own 403.
-//   - Cloud Storage: a function may read and write the intake bucket, read
-//     the checkpoint buckets if the table says it reads them, and nothing
-//     else; any other request gets the 403 Cloud Storage sends an identity
+//   - Cloud Storage: a function may read and write the state bucket, read
+//     the intake bucket if its objects trigger it, read the checkpoint
+//     buckets if the table says it reads them, and nothing else; any other request gets the 403 Cloud Storage sends an identity
 //     without the role.
 //   - Pub/Sub: each function reaches the emulator through its own door,
 //     which refuses a publish to a topic it has no publisher role on, with
@@ -113,7 +113,9 @@ func (s *Stack) holdToGrants(target string) {
 		bucket := bucketOf(path)
 		read := method == http.MethodGet || method == http.MethodHead
 		switch {
-		case bucket == IntakeBucket: // roles/storage.objectAdmin
+		case bucket == StateBucket: // roles/storage.objectAdmin
+			return 0, ""
+		case read && f.ReadsIntake() && bucket == IntakeBucket: // roles/storage.objectViewer
 			return 0, ""
 		case read && f.ReadsArtifacts && slices.Contains(s.opts.OutputBuckets, bucket): // roles/storage.objectViewer
 			return 0, ""

@@ -47,6 +47,9 @@ import (
 const (
 	Project      = "raydrop-local"
 	IntakeBucket = "raydrop-intake"
+	// StateBucket holds the run records and cluster leases; no trigger
+	// listens to it.
+	StateBucket = "raydrop-state"
 	// NotifyTopic carries fake-gcs-server's object notifications, as the
 	// topic behind an Eventarc storage trigger does.
 	NotifyTopic = "raydrop-gcs-notifications"
@@ -113,7 +116,7 @@ type Stack struct {
 // Env is the environment that points tools and clients at the stack.
 func (s *Stack) Env() []string {
 	env := append(s.PubSub.Env(), s.Storage.Env()...)
-	return append(env, "KUBECONFIG="+s.Kubeconfig, "RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+s.Kubeconfig)
+	return append(env, "KUBECONFIG="+s.Kubeconfig, "RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+s.Kubeconfig)
 }
 
 func (s *Stack) step(format string, args ...any) {
@@ -179,7 +182,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.GCS, err = s.Storage.NewClient(ctx); err != nil {
 		return nil, err
 	}
-	for _, b := range append([]string{IntakeBucket}, o.OutputBuckets...) {
+	for _, b := range append([]string{IntakeBucket, StateBucket}, o.OutputBuckets...) {
 		if err := s.GCS.Bucket(b).Create(ctx, Project, nil); err != nil && !strings.Contains(err.Error(), "409") {
 			return nil, fmt.Errorf("create bucket %s: %w", b, err)
 		}
@@ -337,7 +340,7 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 		return nil, err
 	}
 	f.env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
-		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
+		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
 		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace)
 	door, err := s.openPubSubDoor(target)

@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string) int {
 		for _, e := range st.Env() {
 			fmt.Println("  export " + e)
 		}
-		fmt.Printf("  # intake bucket %s, topics raydrop-requests, raydrop-events, …\n", stack.IntakeBucket)
+		fmt.Printf("  # intake bucket %s, state bucket %s, topics raydrop-requests, raydrop-events, …\n", stack.IntakeBucket, stack.StateBucket)
 		fmt.Println("localcloud: Ctrl-C stops it")
 		<-ctx.Done()
 		return 0
@@ -136,7 +136,7 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) er
 	runID := names.RunIDFromObject(stack.IntakeBucket, object, w.Attrs().Generation)
 	fmt.Printf("uploaded gs://%s/%s → run %s\n", stack.IntakeBucket, object, runID)
 
-	store := &runs.Store{Bucket: st.GCS.Bucket(stack.IntakeBucket)}
+	store := &runs.Store{Bucket: st.GCS.Bucket(stack.StateBucket)}
 	var final *events.Run
 	lastPhase, lastStep := runs.Phase(""), int64(-1)
 	start := time.Now()
