@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--storage-path", required=True, help="Ray RunConfig.storage_path (gs://... or a local path)")
     g.add_argument("--experiment-name", default="", help="Ray RunConfig.name (default raydrop-<run-id>)")
     g.add_argument("--resume-from", default="", help="checkpoint URI or path to continue from")
+    g.add_argument("--mark-notice", default="",
+                   help="where to announce the completion mark once written (gs://<bucket>/raydrop-marks/<run>/attempt-<n>.json)")
 
     g = p.add_argument_group("model and data")
     g.add_argument("--model-id", default="google/gemma-3-4b-it", help="HF repo id or local directory")

@@ -180,6 +180,22 @@ def write(storage_path: str, experiment_name: str, doc: Dict[str, Any]) -> str:
     return join(storage_path, experiment_name, RESULT_FILE)
 
 
+def announce(notice: str, mark: str) -> None:
+    """Write the mark's notice: a small object whose name alone tells the pipeline that a
+    mark exists (the checkpoint bucket's notification matches only these names, so the
+    checkpoint files wake nothing). Its content names the mark."""
+    import pyarrow.fs
+
+    data = (json.dumps({"mark": mark}, sort_keys=True) + "\n").encode("utf-8")
+    if is_uri(notice):
+        fs, path = pyarrow.fs.FileSystem.from_uri(notice)
+    else:
+        fs, path = pyarrow.fs.LocalFileSystem(), os.path.abspath(notice)
+        fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
 def redact(text: str, secrets: List[str]) -> str:
     for s in secrets:
         if s and len(s) >= 4:

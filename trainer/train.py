@@ -77,7 +77,20 @@ def run(args) -> int:
         doc = result.build(storage_path, args.experiment_name, args.run_id, status, error, trial_hint)
         where = result.write(storage_path, args.experiment_name, doc)
         _log(f"{status}; wrote {where}")
+        _announce(args, where)
     return 0 if status == "succeeded" else 1
+
+
+def _announce(args, mark: str) -> None:
+    """Announce the mark (--mark-notice); without the notice the pipeline still finds the
+    mark on its next sweep, so a failure here is logged, not fatal."""
+    if not args.mark_notice:
+        return
+    try:
+        result.announce(args.mark_notice, mark)
+        _log(f"announced at {args.mark_notice}")
+    except Exception as exc:  # noqa: BLE001 - the sweep reads the mark anyway
+        _log(f"could not write the mark notice {args.mark_notice}: {result.error_text(exc)}")
 
 
 def main(argv=None) -> int:
@@ -94,7 +107,7 @@ def main(argv=None) -> int:
                 "trialPath": None,
                 "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {},
             }
-            result.write(args.storage_path, args.experiment_name, doc)
+            _announce(args, result.write(args.storage_path, args.experiment_name, doc))
         except Exception:
             pass
         _log(f"failed: {result.error_text(exc)}")

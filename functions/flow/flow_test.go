@@ -176,15 +176,13 @@ func (w *world) publishes(f pipeline.Function, topic string) bool {
 }
 
 // function is the function of the wiring table that topic delivers to: a
-// topic's name, or "intake" and "marks" for the intake and checkpoint
-// buckets' object notifications.
+// topic's name, or "intake" for the intake bucket's object notifications.
 func (w *world) function(topic string) (pipeline.Function, bool) {
 	for _, f := range pipeline.Functions {
 		for _, tr := range f.Triggers {
 			switch {
 			case tr.Topic != "" && w.deps.Config.Topics.Name(tr.Topic) == topic,
-				tr.Bucket == pipeline.BucketIntake && topic == "intake",
-				tr.Bucket == pipeline.BucketArtifacts && topic == "marks":
+				tr.Bucket == pipeline.BucketIntake && topic == "intake":
 				return f, true
 			}
 		}
@@ -940,5 +938,34 @@ func TestSpecsInSubFolders(t *testing.T) {
 		if !strings.HasPrefix(a.Name, "jobs/") {
 			t.Errorf("the pipeline wrote %s to the intake bucket", a.Name)
 		}
+	}
+}
+
+// TestMarkNoticeFinishesTheRun: the checkpoint bucket's notification of a
+// mark notice (the only objects it announces) sends a finished run to
+// finalize with no tick; a deletion, or an object that is no notice, wakes
+// Monitor for nothing.
+func TestMarkNoticeFinishesTheRun(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/gemma3-vision.json", example(t))
+	w.setJob(runID, 1, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.writeLayout(runID, 1, 3, "succeeded")
+	topic := w.deps.Config.Topics.Marks
+	notify := func(event, object string) {
+		t.Helper()
+		e := w.pubsubEvent(topic, []byte(`{}`), map[string]string{"eventType": event, "bucketId": output, "objectId": object, "payloadFormat": "JSON_API_V1"})
+		if err := w.deliver(topic, e); err != nil {
+			t.Fatal(err)
+		}
+		w.drain()
+	}
+	notify("OBJECT_DELETE", names.MarkNotice(runID, 1))
+	notify("OBJECT_FINALIZE", "raydrop/"+runID+"/attempt-1/raydrop_result.json")
+	if got := w.record(runID).Phase; got != runs.Submitted {
+		t.Fatalf("phase %s after notifications that announce nothing, want SUBMITTED", got)
+	}
+	notify("OBJECT_FINALIZE", names.MarkNotice(runID, 1))
+	if r := w.record(runID); r.Phase != runs.Succeeded || w.count("succeeded") != 1 {
+		t.Errorf("phase %s, succeeded events %d, want SUCCEEDED after the notice alone", r.Phase, w.count("succeeded"))
 	}
 }

@@ -318,11 +318,13 @@ func (c *chaos) succeedJob(runID string, attempt int) {
 	}
 	c.writeLayout(runID, attempt, 2, "succeeded")
 	c.setStatus(j, rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
-	mark := fmt.Sprintf("raydrop/%s/attempt-%d/raydrop_result.json", runID, attempt)
-	e := c.pubsubEvent("marks", nil, nil)
-	e.SetType(pipeline.StorageFinalized)
-	_ = e.SetData("application/json", fmt.Appendf(nil, `{"bucket":%q,"name":%q,"generation":"1"}`, output, mark))
-	if crashed, err := c.deliverCrashing("marks", e); err != nil && !crashed {
+	// The checkpoint bucket's notification of the mark's notice, as Cloud
+	// Storage publishes it (JSON_API_V1 payload, the documented attributes).
+	notice := names.MarkNotice(runID, attempt)
+	topic := c.deps.Config.Topics.Marks
+	e := c.pubsubEvent(topic, fmt.Appendf(nil, `{"bucket":%q,"name":%q,"generation":"1"}`, output, notice),
+		map[string]string{"eventType": "OBJECT_FINALIZE", "bucketId": output, "objectId": notice, "payloadFormat": "JSON_API_V1"})
+	if crashed, err := c.deliverCrashing(topic, e); err != nil && !crashed {
 		c.fail("mark notification: %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 // Package monitor is the Monitor function. It looks at one run when a
-// submitted message arrives or when the trainer's completion mark lands in
-// the bucket (the fast path to finalize), and on every scheduler tick it
+// submitted message arrives or when the checkpoint bucket announces the
+// trainer's completion mark (its notice: the fast path to finalize), and on every scheduler tick it
 // sweeps all active runs with one LIST of RayJobs, so a run whose message was
 // lost is still driven to its end (sweep.go).
 //
@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -34,19 +33,12 @@ type Handler struct{ Deps *pipeline.Deps }
 // Handle dispatches on the event.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	switch e.Type() {
-	case pipeline.StorageFinalized:
-		o, err := pipeline.DecodeObject(e)
-		if err != nil {
-			return err
-		}
-		runID, ok := markRun(o.Name)
-		if !ok {
-			return nil // not a completion mark
-		}
-		return h.check(ctx, runID, nil)
 	case pipeline.PubSubPublished:
-		if pipeline.TopicOf(e) == h.Deps.Config.Topics.Ticks {
+		switch pipeline.TopicOf(e) {
+		case h.Deps.Config.Topics.Ticks:
 			return h.Sweep(ctx)
+		case h.Deps.Config.Topics.Marks:
+			return h.notice(ctx, e)
 		}
 		step, err := pipeline.DecodeStep(e)
 		if err != nil {
@@ -57,14 +49,25 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	return pipeline.Permanent(fmt.Errorf("unexpected event type %q from %s", e.Type(), e.Source()))
 }
 
-// markRun is the run ID of a completion mark's object name:
-// [<prefix>/]<runID>/attempt-<n>/raydrop_result.json.
-func markRun(name string) (string, bool) {
-	parts := strings.Split(name, "/")
-	if len(parts) < 3 || parts[len(parts)-1] != checkpoints.MarkFile || !strings.HasPrefix(parts[len(parts)-2], "attempt-") {
-		return "", false
+// notice checks the run whose mark notice a checkpoint bucket announced:
+// a Cloud Storage notification, filtered to names.NoticePrefix, whose
+// objectId attribute names the notice
+// (https://cloud.google.com/storage/docs/pubsub-notifications#attributes).
+func (h *Handler) notice(ctx context.Context, e event.Event) error {
+	m, err := pipeline.DecodeMessage(e)
+	if err != nil {
+		return err
 	}
-	return parts[len(parts)-3], true
+	attrs := m.Message.Attributes
+	if attrs["eventType"] != "OBJECT_FINALIZE" {
+		return nil // a deletion or metadata change announces nothing
+	}
+	runID, ok := names.RunOfNotice(attrs["objectId"])
+	if !ok {
+		h.Deps.Log.Warn("notice_ignored", "bucket", attrs["bucketId"], "object", attrs["objectId"], "why", "not a mark notice ("+names.NoticePrefix+"<run>/attempt-<n>.json)")
+		return nil
+	}
+	return h.check(ctx, runID, nil)
 }
 
 // attemptFiles is where the current attempt writes: its experiment folder.

@@ -62,13 +62,12 @@ locals {
     submit             = { function = "submit", topic = "provisioned", bucket = null }
     monitor-submitted  = { function = "monitor", topic = "submitted", bucket = null }
     monitor-ticks      = { function = "monitor", topic = "ticks", bucket = null }
-    monitor-marks      = { function = "monitor", topic = null, bucket = "artifacts" }
+    monitor-marks      = { function = "monitor", topic = "marks", bucket = null }
     finalize           = { function = "finalize", topic = "finished", bucket = null }
   }
 
   bucket_names = {
-    intake    = google_storage_bucket.intake.name
-    artifacts = google_storage_bucket.artifacts.name
+    intake = google_storage_bucket.intake.name
   }
 
   publisher_bindings = merge([
@@ -90,6 +89,7 @@ locals {
     RAYDROP_TOPIC_TICKS       = var.topics.ticks
     RAYDROP_TOPIC_FINISHED    = var.topics.finished
     RAYDROP_TOPIC_EVENTS      = var.topics.events
+    RAYDROP_TOPIC_MARKS       = var.topics.marks
   })
 
   # .gcloudignore, read as the archive's excludes. A pattern without a slash

@@ -103,6 +103,22 @@ resource "google_project_iam_member" "gcs_agent_publisher" {
   member  = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
 }
 
+# The checkpoint bucket announces only the trainer's mark notices
+# (raydrop-marks/<run>/attempt-<n>.json, written after the completion mark)
+# to the marks topic, which Monitor's trigger reads: a notification's
+# object-name prefix filters before anything is delivered, so the many
+# checkpoint files a run writes wake no function. An Eventarc Cloud Storage
+# trigger filters by bucket only.
+# https://cloud.google.com/storage/docs/pubsub-notifications
+resource "google_storage_notification" "marks" {
+  bucket             = google_storage_bucket.artifacts.name
+  payload_format     = "JSON_API_V1"
+  topic              = google_pubsub_topic.topics["marks"].id
+  event_types        = ["OBJECT_FINALIZE"]
+  object_name_prefix = "raydrop-marks/"
+  depends_on         = [google_project_iam_member.gcs_agent_publisher]
+}
+
 # ----------------------------------------------------------------- topics
 
 resource "google_pubsub_topic" "topics" {

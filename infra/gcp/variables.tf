@@ -104,6 +104,7 @@ variable "topics" {
     ticks       = optional(string, "raydrop-ticks")
     finished    = optional(string, "raydrop-finished")
     events      = optional(string, "raydrop-events")
+    marks       = optional(string, "raydrop-marks")
   })
   default = {}
 }

@@ -229,6 +229,7 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--run-id", run.ID,
 		"--storage-path", StoragePath(s, run.ID),
 		"--experiment-name", ExperimentName(run.Attempt),
+		"--mark-notice", "gs://" + s.Output.Bucket + "/" + names.MarkNotice(run.ID, run.Attempt),
 		"--model-id", s.Model.ID,
 		"--dataset-id", s.Dataset.ID,
 		"--dataset-split", s.Dataset.Split,

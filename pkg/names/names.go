@@ -112,3 +112,31 @@ func RunIDFromFile(file string, content []byte) string {
 	sum := sha256.Sum256(content)
 	return withHash(sanitize(strings.TrimSuffix(path.Base(file), path.Ext(file))), "file#"+hex.EncodeToString(sum[:]))
 }
+
+// NoticePrefix is where the trainer announces its completion mark: one small
+// object per attempt, raydrop-marks/<run ID>/attempt-<n>.json, at the root
+// of the checkpoint bucket. The bucket's notification is filtered to this
+// prefix, so the mark wakes Monitor and no checkpoint file does.
+const NoticePrefix = "raydrop-marks/"
+
+// MarkNotice is the object name of an attempt's mark notice.
+func MarkNotice(runID string, attempt int) string {
+	return fmt.Sprintf("%s%s/attempt-%d.json", NoticePrefix, runID, attempt)
+}
+
+// RunOfNotice is the run ID a mark notice names.
+func RunOfNotice(object string) (string, bool) {
+	rest, ok := strings.CutPrefix(object, NoticePrefix)
+	if !ok {
+		return "", false
+	}
+	runID, file, ok := strings.Cut(rest, "/")
+	var n int
+	if !ok || runID == "" || strings.Contains(file, "/") {
+		return "", false
+	}
+	if _, err := fmt.Sscanf(file, "attempt-%d.json", &n); err != nil || n < 1 || file != fmt.Sprintf("attempt-%d.json", n) {
+		return "", false
+	}
+	return runID, true
+}

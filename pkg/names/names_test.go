@@ -50,3 +50,18 @@ func TestSpecName(t *testing.T) {
 		}
 	}
 }
+
+func TestMarkNotice(t *testing.T) {
+	if got := names.MarkNotice("run-1", 2); got != "raydrop-marks/run-1/attempt-2.json" {
+		t.Errorf("MarkNotice: %s", got)
+	}
+	if id, ok := names.RunOfNotice(names.MarkNotice("run-1", 2)); !ok || id != "run-1" {
+		t.Errorf("RunOfNotice: %q %v", id, ok)
+	}
+	for _, bad := range []string{"raydrop-marks/run-1/attempt-0.json", "raydrop-marks/run-1/x.json", "raydrop-marks//attempt-1.json",
+		"raydrop-marks/run-1/a/attempt-1.json", "other/run-1/attempt-1.json", "raydrop-marks/run-1/attempt-1.json.tmp", "raydrop-marks/run-1"} {
+		if id, ok := names.RunOfNotice(bad); ok {
+			t.Errorf("names.RunOfNotice(%q) = %q", bad, id)
+		}
+	}
+}

@@ -18,6 +18,7 @@ type Topics struct {
 	Ticks       string
 	Finished    string
 	Events      string
+	Marks       string
 }
 
 // Config is the functions' configuration, read once from RAYDROP_*

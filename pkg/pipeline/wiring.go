@@ -67,11 +67,10 @@ type Trigger struct {
 	Bucket string // BucketIntake or BucketArtifacts, for a Cloud Storage trigger
 }
 
-// The buckets a trigger can listen to.
-const (
-	BucketIntake    = "intake"    // the intake bucket: job specs and cancellations
-	BucketArtifacts = "artifacts" // every checkpoint bucket: completion marks
-)
+// The bucket a trigger can listen to: the intake bucket, where users drop
+// job specs and cancellations. (The checkpoint buckets reach Monitor through
+// a filtered notification on TopicMarks, not a bucket trigger.)
+const BucketIntake = "intake"
 
 // The topic keys.
 const (
@@ -81,6 +80,10 @@ const (
 	TopicTicks       = "ticks"
 	TopicFinished    = "finished"
 	TopicEvents      = "events"
+	// TopicMarks carries the checkpoint buckets' notifications of mark
+	// notices (names.NoticePrefix): Cloud Storage publishes to it, no
+	// function does.
+	TopicMarks = "marks"
 )
 
 // Functions is the pipeline's wiring.
@@ -105,7 +108,7 @@ var Functions = []Function{
 		Triggers: []Trigger{
 			{Name: "monitor-submitted", Topic: TopicSubmitted},
 			{Name: "monitor-ticks", Topic: TopicTicks},
-			{Name: "monitor-marks", Bucket: BucketArtifacts},
+			{Name: "monitor-marks", Topic: TopicMarks},
 		},
 		Publishes: []string{TopicProvisioned, TopicFinished, TopicEvents},
 		// Watches its jobs, cancels (deletes) them, starts retries, and
@@ -123,7 +126,7 @@ var Functions = []Function{
 }
 
 // TopicKeys are every topic the pipeline uses.
-var TopicKeys = []string{TopicRequests, TopicProvisioned, TopicSubmitted, TopicTicks, TopicFinished, TopicEvents}
+var TopicKeys = []string{TopicRequests, TopicProvisioned, TopicSubmitted, TopicTicks, TopicFinished, TopicEvents, TopicMarks}
 
 // Name is the topic of a key.
 func (t Topics) Name(key string) string { return *t.field(key) }
@@ -142,6 +145,8 @@ func (t *Topics) field(key string) *string {
 		return &t.Finished
 	case TopicEvents:
 		return &t.Events
+	case TopicMarks:
+		return &t.Marks
 	}
 	panic(fmt.Sprintf("no topic key %q", key))
 }

@@ -180,8 +180,11 @@ def test_resume_continues_from_saved_step(run_b, storage):
 
 def test_failed_run_writes_mark(ray_address, storage, assets):
     bad = dict(assets, dataset=os.path.join(storage, "no-such-dataset"))
-    proc = run_trainer(ray_address, storage, "exp-fail", bad, extra=["--max-steps", "2"])
+    notice = os.path.join(storage, "raydrop-marks", "exp-fail", "attempt-1.json")
+    proc = run_trainer(ray_address, storage, "exp-fail", bad, extra=["--max-steps", "2", "--mark-notice", notice])
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    with open(notice) as f:  # announced after the mark, naming it
+        assert json.load(f)["mark"] == os.path.join(storage, "exp-fail", "raydrop_result.json")
     doc = mark(storage, "exp-fail")
     assert doc["status"] == "failed"
     assert doc["error"] and "no-such-dataset" in doc["error"], doc["error"]

@@ -43,6 +43,12 @@ def test_build_and_write_local(tmp_path):
     assert empty["trialPath"] is None and empty["checkpoints"] == [] and empty["finalMetrics"] == {}
 
 
+def test_announce_names_the_mark(tmp_path):
+    notice = tmp_path / "raydrop-marks" / "r1" / "attempt-1.json"
+    result.announce(str(notice), "gs://b/p/r1/attempt-1/raydrop_result.json")
+    assert json.loads(notice.read_text()) == {"mark": "gs://b/p/r1/attempt-1/raydrop_result.json"}
+
+
 def test_error_text_takes_root_cause_and_redacts(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
     try:

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
 
+	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
@@ -116,6 +117,13 @@ func TestHCLMatchesWiring(t *testing.T) {
 		if !strings.Contains(envSrc, v+" ") {
 			t.Errorf("function_env does not set %s", v)
 		}
+	}
+	main, err := os.ReadFile("../../gcp/main.tf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(main), `object_name_prefix = "`+names.NoticePrefix+`"`) {
+		t.Errorf("the checkpoint bucket's notification is not filtered to the mark notices (%s)", names.NoticePrefix)
 	}
 	if !strings.Contains(string(src), `account_id   = "raydrop-${each.key}"`) {
 		t.Errorf("the functions' service accounts are not raydrop-<function> (pipeline.Function.Identity)")

@@ -17,6 +17,7 @@ type trainerArgs struct {
 	epochs         int
 	maxSteps       int
 	resumeFrom     string
+	markNotice     string // gs://bucket/raydrop-marks/<run>/attempt-<n>.json
 	saveStrategy   string
 	saveSteps      int
 	learningRate   float64
@@ -97,6 +98,7 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.epochs = num("epochs", 3)
 	a.maxSteps = num("max-steps", -1)
 	a.resumeFrom = str("resume-from", "")
+	a.markNotice = str("mark-notice", "")
 	a.saveStrategy = str("save-strategy", "epoch")
 	a.saveSteps = num("save-steps", 100)
 	a.learningRate = flt("learning-rate", 2e-4)
@@ -124,6 +126,11 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	if a.resumeFrom != "" {
 		if _, _, ok := splitGS(a.resumeFrom); !ok {
 			errs = append(errs, fmt.Errorf("argument --resume-from: only gs:// checkpoints are served here, got %q", a.resumeFrom))
+		}
+	}
+	if a.markNotice != "" {
+		if _, _, ok := splitGS(a.markNotice); !ok {
+			errs = append(errs, fmt.Errorf("argument --mark-notice: only gs:// objects are served here, got %q", a.markNotice))
 		}
 	}
 	if a.saveStrategy != "epoch" && a.saveStrategy != "steps" {

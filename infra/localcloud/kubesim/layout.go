@@ -317,6 +317,11 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 		return err
 	}
 	t.p.update(func(r *JobRecord) { r.Mark = gsURI(a.bucket, name) })
+	// Then the notice that announces it, as trainer/result.py announce().
+	if a.markNotice != "" {
+		nb, np, _ := splitGS(a.markNotice)
+		return t.st.put(ctx, nb, np, mustJSON(map[string]any{"mark": gsURI(a.bucket, name)}))
+	}
 	return nil
 }
 

@@ -232,7 +232,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		targets[fn] = f.url()
 	}
 
-	routes, topicOf := s.routes(targets, o.OutputBuckets)
+	routes, topicOf := s.routes(targets)
 	for _, r := range routes {
 		s.RouteNames = append(s.RouteNames, r.Name)
 	}
@@ -250,6 +250,9 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 
 	tctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	if err := s.markNotifications(tctx); err != nil {
+		return nil, err
+	}
 	s.wg.Add(1)
 	go s.ticker(tctx, o.Tick)
 	s.step("ready in %.1f s", time.Since(t0).Seconds())
@@ -268,9 +271,9 @@ var Functions = func() []string {
 // routes are Eventarc's routes of the wiring table (pipeline.Functions), to
 // the functions' targets by entry point, with the topic each route's push
 // subscription reads: a Pub/Sub trigger's own topic, or the topic of the
-// buckets' object notifications. A trigger on the checkpoint buckets is
-// one route per bucket, named <trigger>-<bucket>.
-func (s *Stack) routes(targets map[string]string, outputs []string) ([]eventarc.Route, map[string]string) {
+// intake bucket's object notifications. (The checkpoint buckets reach
+// Monitor through the marks topic: markNotifications.)
+func (s *Stack) routes(targets map[string]string) ([]eventarc.Route, map[string]string) {
 	var routes []eventarc.Route
 	topicOf := map[string]string{}
 	for _, f := range pipeline.Functions {
@@ -283,11 +286,6 @@ func (s *Stack) routes(targets map[string]string, outputs []string) ([]eventarc.
 			case pipeline.BucketIntake:
 				routes = append(routes, eventarc.Route{Name: tr.Name, Kind: eventarc.StorageFinalized, Target: target, Bucket: IntakeBucket})
 				topicOf[tr.Name] = NotifyTopic
-			case pipeline.BucketArtifacts:
-				for _, b := range outputs {
-					routes = append(routes, eventarc.Route{Name: tr.Name + "-" + b, Kind: eventarc.StorageFinalized, Target: target, Bucket: b})
-					topicOf[tr.Name+"-"+b] = NotifyTopic
-				}
 			}
 		}
 	}

@@ -243,13 +243,30 @@ func (b *bench) cost() error {
 		}
 		slices.Sort(byRoute)
 		section := "cost"
-		b.add(section, "function invocations per run, "+label, float64(invocations), "events", -1, strings.Join(byRoute, ", "))
+		// Every invocation is a billed Cloud Run request: at most 8 per run
+		// (provision, submit, monitor on submitted and on the mark notice,
+		// finalize, and what a retry or hand-over adds).
+		b.add(section, "function invocations per run, "+label, float64(invocations), "events", 8, strings.Join(byRoute, ", "))
 		b.add(section, "Kubernetes API requests per run, "+label, float64(len(kube)), "requests", -1, byFunction(kube))
-		b.add(section, "Cloud Storage operations per run, "+label, float64(len(gcs)), "ops", -1, byFunction(gcs))
+		reads, writes := splitWrites(gcs)
+		b.add(section, "Cloud Storage reads per run, "+label, float64(len(reads)), "ops", -1, byFunction(reads))
+		b.add(section, "Cloud Storage writes per run, "+label, float64(len(writes)), "ops", -1, byFunction(writes))
 		b.add(section, "Pub/Sub publishes per run, "+label, float64(publishes), "messages", -1,
 			fmt.Sprintf("provisioned %d, submitted %d, finished %d, events %d", c.get(stack.Topics.Provisioned), c.get(stack.Topics.Submitted), c.get(stack.Topics.Finished), c.get(stack.Topics.Events)))
 	}
 	return nil
+}
+
+// splitWrites splits requests into reads and writes.
+func splitWrites(reqs []faults.Request) (reads, writes []faults.Request) {
+	for _, r := range reqs {
+		if r.Write {
+			writes = append(writes, r)
+		} else {
+			reads = append(reads, r)
+		}
+	}
+	return reads, writes
 }
 
 // byFunction summarises requests by function and verb.
