@@ -5,7 +5,7 @@
 //
 //	Provision  intake (storage object finalized, or a request message) → RayCluster
 //	Submit     provisioned → RayJob
-//	Monitor    submitted and scheduler ticks → progress, deadlines, finished
+//	Monitor    submitted, mark notices and scheduler ticks → progress, deadlines, finished
 //	Finalize   finished → checkpoints, completion event, workers to zero
 //
 // init does no I/O: each function builds its clients on first use.

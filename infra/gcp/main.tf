@@ -116,7 +116,9 @@ resource "google_storage_notification" "marks" {
   topic              = google_pubsub_topic.topics["marks"].id
   event_types        = ["OBJECT_FINALIZE"]
   object_name_prefix = "raydrop-marks/"
-  depends_on         = [google_project_iam_member.gcs_agent_publisher]
+  # Creating it checks that the Cloud Storage agent may publish: wait for
+  # the grant to propagate (bootstrap.tf).
+  depends_on = [terraform_data.iam_propagation]
 }
 
 # ----------------------------------------------------------------- topics

@@ -114,6 +114,12 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	c.OutputBuckets = list(need("RAYDROP_OUTPUT_BUCKETS"))
 	c.Namespaces = list(get("RAYDROP_NAMESPACES", "default"))
+	if len(c.OutputBuckets) == 0 && getenv("RAYDROP_OUTPUT_BUCKETS") != "" {
+		errs = append(errs, fmt.Errorf("RAYDROP_OUTPUT_BUCKETS %q names no bucket", getenv("RAYDROP_OUTPUT_BUCKETS")))
+	}
+	if len(c.Namespaces) == 0 {
+		errs = append(errs, fmt.Errorf("RAYDROP_NAMESPACES %q names no namespace", getenv("RAYDROP_NAMESPACES")))
+	}
 	if c.Kubeconfig == "" && c.GKECluster == "" {
 		errs = append(errs, errors.New("set RAYDROP_GKE_CLUSTER (projects/P/locations/L/clusters/C) or RAYDROP_KUBECONFIG"))
 	}

@@ -39,7 +39,8 @@ func GKEEndpoint(c *containerpb.Cluster) (Endpoint, error) {
 	// a response without it has only the public endpoint.
 	public := true
 	if ip := eps.GetIpEndpointsConfig(); ip != nil {
-		public = ip.GetEnabled() && ip.GetEnablePublicEndpoint()
+		// An unset field is the API's default: IP endpoints on, public.
+		public = (ip.Enabled == nil || ip.GetEnabled()) && (ip.EnablePublicEndpoint == nil || ip.GetEnablePublicEndpoint())
 	}
 	if !public || c.GetEndpoint() == "" {
 		// Not ErrConfiguration: enabling the endpoint fixes it without a

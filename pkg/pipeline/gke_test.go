@@ -39,6 +39,7 @@ func TestGKEEndpoint(t *testing.T) {
 		{"dns closed, public ip", cluster(dns(false), ip(true, true)), "https://34.1.2.3", true, ""},
 		{"no endpoints config (older cluster)", cluster(nil, nil), "https://34.1.2.3", true, ""},
 		{"dns closed, private ip", cluster(dns(false), ip(true, false)), "", false, "--enable-dns-access"},
+		{"ip endpoints with unset fields (the API's defaults)", cluster(dns(false), &containerpb.ControlPlaneEndpointsConfig_IPEndpointsConfig{}), "https://34.1.2.3", true, ""},
 		{"no ip endpoint, dns closed", cluster(dns(false), ip(false, false)), "", false, "--enable-dns-access"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

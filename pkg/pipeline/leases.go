@@ -13,7 +13,7 @@ import (
 )
 
 // Lease says which run holds a RayCluster and which runs wait for it, in
-// order. It lives at clusters/<namespace>/<name>.json in the intake bucket
+// order. It lives at clusters/<namespace>/<name>.json in the state bucket
 // and changes only by compare-and-swap, so two runs admitted at once can
 // never both hold the cluster.
 type Lease struct {

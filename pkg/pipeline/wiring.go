@@ -64,7 +64,7 @@ func with(base map[string][]string, resource string, verbs ...string) map[string
 type Trigger struct {
 	Name   string // the trigger's (and its deployment's) name
 	Topic  string // topic key, for a Pub/Sub trigger
-	Bucket string // BucketIntake or BucketArtifacts, for a Cloud Storage trigger
+	Bucket string // BucketIntake, for a Cloud Storage trigger
 }
 
 // The bucket a trigger can listen to: the intake bucket, where users drop

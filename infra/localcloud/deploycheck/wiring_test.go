@@ -98,11 +98,18 @@ func TestHCLMatchesWiring(t *testing.T) {
 	if len(triggers) != nTriggers {
 		t.Errorf("%s has %d triggers, the wiring table %d", path, len(triggers), nTriggers)
 	}
-	for r, g := range value("kube_api_groups").AsValueMap() {
+	groups := value("kube_api_groups").AsValueMap()
+	for r, g := range groups {
 		if want, ok := pipeline.KubeGroups[r]; !ok || g.AsString() != want {
 			t.Errorf("kube_api_groups: %s is in group %q in HCL, %q in the wiring table", r, g.AsString(), want)
 		}
 	}
+	for r := range pipeline.KubeGroups {
+		if _, ok := groups[r]; !ok {
+			t.Errorf("kube_api_groups has no group for %s", r)
+		}
+	}
+	checkIAM(t, f.Body.(*hclsyntax.Body), src)
 	env := attrs["function_env"]
 	if env == nil {
 		t.Fatalf("%s has no local function_env", path)
@@ -127,6 +134,54 @@ func TestHCLMatchesWiring(t *testing.T) {
 	}
 	if !strings.Contains(string(src), `account_id   = "raydrop-${each.key}"`) {
 		t.Errorf("the functions' service accounts are not raydrop-<function> (pipeline.Function.Identity)")
+	}
+}
+
+// checkIAM checks the functions' Google Cloud roles in the HCL: each
+// binding's role and bucket, and the selection of functions it applies to,
+// as the table says (state bucket: every function; intake bucket: the
+// functions its objects trigger, to read; checkpoint bucket: those that
+// read it; topics: what each publishes; the cluster: find and connect
+// only). No project-wide Kubernetes role may remain.
+func checkIAM(t *testing.T, body *hclsyntax.Body, src []byte) {
+	t.Helper()
+	want := map[string]struct{ role, target, selects string }{
+		"google_storage_bucket_iam_member.state_admin":      {"roles/storage.objectAdmin", "google_storage_bucket.state.name", "local.functions"},
+		"google_storage_bucket_iam_member.intake_viewer":    {"roles/storage.objectViewer", "google_storage_bucket.intake.name", `t.bucket == "intake"`},
+		"google_storage_bucket_iam_member.artifacts_viewer": {"roles/storage.objectViewer", "google_storage_bucket.artifacts.name", "f.reads_artifacts"},
+		"google_pubsub_topic_iam_member.publisher":          {"roles/pubsub.publisher", "google_pubsub_topic.topics[each.value.topic].id", "local.publisher_bindings"},
+		"google_project_iam_member.cluster_viewer":          {"roles/container.clusterViewer", "var.project_id", "local.functions"},
+	}
+	text := func(a *hclsyntax.Attribute) string {
+		if a == nil {
+			return ""
+		}
+		return string(a.Expr.Range().SliceBytes(src))
+	}
+	seen := map[string]bool{}
+	for _, b := range body.Blocks {
+		if b.Type != "resource" || len(b.Labels) != 2 {
+			continue
+		}
+		key := b.Labels[0] + "." + b.Labels[1]
+		w, ok := want[key]
+		if !ok {
+			continue
+		}
+		seen[key] = true
+		a := b.Body.Attributes
+		target := text(a["bucket"]) + text(a["topic"]) + text(a["project"])
+		if role := strings.Trim(text(a["role"]), `"`); role != w.role || target != w.target || !strings.Contains(text(a["for_each"]), w.selects) {
+			t.Errorf("%s: role %s on %s for %s; want %s on %s for %s", key, role, target, text(a["for_each"]), w.role, w.target, w.selects)
+		}
+	}
+	for key := range want {
+		if !seen[key] {
+			t.Errorf("functions.tf has no %s", key)
+		}
+	}
+	if strings.Contains(string(src), `"roles/container.developer"`) {
+		t.Error("functions.tf grants roles/container.developer (every namespace, every Secret)")
 	}
 }
 

@@ -317,10 +317,14 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 		return err
 	}
 	t.p.update(func(r *JobRecord) { r.Mark = gsURI(a.bucket, name) })
-	// Then the notice that announces it, as trainer/result.py announce().
+	// Then the notice that announces it, as trainer/train.py _announce():
+	// a notice that cannot be written is logged, not a failed job (the
+	// sweep finds the mark).
 	if a.markNotice != "" {
 		nb, np, _ := splitGS(a.markNotice)
-		return t.st.put(ctx, nb, np, mustJSON(map[string]any{"mark": gsURI(a.bucket, name)}))
+		if err := t.st.put(ctx, nb, np, mustJSON(map[string]any{"mark": gsURI(a.bucket, name)})); err != nil {
+			t.p.log().Warn("could not write the mark notice", "notice", a.markNotice, "err", err)
+		}
 	}
 	return nil
 }

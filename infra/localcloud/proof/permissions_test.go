@@ -92,8 +92,8 @@ func auditRefusals(t *testing.T) {
 	}
 	for _, r := range st.PublishRefusals() {
 		total++
-		if r.Data != probeName {
-			problems = append(problems, fmt.Sprintf("%s was refused publishing to %s", r.Function, r.Topic))
+		if !strings.Contains(r.Data, probeName) {
+			problems = append(problems, fmt.Sprintf("%s was refused %s %s by Pub/Sub", r.Function, r.Method, r.Topic))
 		}
 	}
 	report.Note(scenario, fmt.Sprintf("%d requests of the functions audited", total))
@@ -150,6 +150,14 @@ func testOutsideGrant(t *testing.T) {
 				problems = append(problems, fmt.Sprintf("%s publish to %s: %v, want PermissionDenied", fn.Name, key, err))
 			}
 		}
+		probes++ // the publisher role allows nothing but publishing
+		if err := getTopicProbe(ctx, fn.EntryPoint); status.Code(err) != codes.PermissionDenied {
+			problems = append(problems, fmt.Sprintf("%s GetTopic: %v, want PermissionDenied", fn.Name, err))
+		}
+		probes++ // RayJobs in every namespace at once: no ClusterRole
+		if err := kc.RESTClient().Get().AbsPath("/apis/ray.io/v1/rayjobs").Param("labelSelector", probeName).Do(ctx).Error(); !apierrors.IsForbidden(err) {
+			problems = append(problems, fmt.Sprintf("%s list rayjobs in all namespaces: %v, want 403 Forbidden", fn.Name, err))
+		}
 		door, err := st.GCSProxy.Door(fn.EntryPoint)
 		if err != nil {
 			t.Fatal(err)
@@ -158,9 +166,16 @@ func testOutsideGrant(t *testing.T) {
 			{http.MethodPost, "/upload/storage/v1/b/" + output + "/o?uploadType=media&name=" + probeName},
 			{http.MethodDelete, "/storage/v1/b/" + output + "/o/" + probeName},
 			{http.MethodGet, "/storage/v1/b/" + probeName + "-bucket/o"},
+			// Writes to the intake bucket: only users drop objects there.
+			{http.MethodPost, "/upload/storage/v1/b/" + stack.IntakeBucket + "/o?uploadType=media&name=" + probeName},
+			// Bucket metadata: no role a function holds has storage.buckets.get.
+			{http.MethodGet, "/storage/v1/b/" + stack.StateBucket + "?" + probeName},
 		}
 		if !fn.ReadsArtifacts {
 			gcs = append(gcs, struct{ method, path string }{http.MethodGet, "/storage/v1/b/" + output + "/o?prefix=" + probeName})
+		}
+		if !fn.ReadsIntake() {
+			gcs = append(gcs, struct{ method, path string }{http.MethodGet, "/storage/v1/b/" + stack.IntakeBucket + "/o?prefix=" + probeName})
 		}
 		for _, g := range gcs {
 			probes++
@@ -191,6 +206,21 @@ func publishProbe(ctx context.Context, target, topic string) error {
 	_, err = pubsubpb.NewPublisherClient(conn).Publish(ctx, &pubsubpb.PublishRequest{
 		Topic: st.PubSub.TopicName(topic), Messages: []*pubsubpb.PubsubMessage{{Data: []byte(probeName)}},
 	})
+	return err
+}
+
+// getTopicProbe asks Pub/Sub for a topic as a function, through its door.
+func getTopicProbe(ctx context.Context, target string) error {
+	door, err := st.PubSubDoor(target)
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(door, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	_, err = pubsubpb.NewPublisherClient(conn).GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: st.PubSub.TopicName(probeName)})
 	return err
 }
 

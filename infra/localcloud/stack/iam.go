@@ -53,12 +53,12 @@ func (s *Stack) admin() (*kubernetes.Clientset, error) { return kubernetes.NewFo
 // grantAll applies every function's Role and RoleBinding, as the
 // deployment's HCL does.
 func (s *Stack) grantAll(ctx context.Context) error {
+	kc, err := s.admin()
+	if err != nil {
+		return err
+	}
 	for _, f := range pipeline.Functions {
-		kc, err := s.admin()
-		if err != nil {
-			return err
-		}
-		if _, err := kc.RbacV1().Roles(Namespace).Create(ctx, f.Role(Namespace), metav1.CreateOptions{}); err != nil {
+		if _, err := kc.RbacV1().Roles(Namespace).Create(ctx, f.Role(Namespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create role of %s: %w", f.Name, err)
 		}
 		if err := s.Grant(ctx, f.EntryPoint); err != nil {
@@ -112,7 +112,12 @@ func (s *Stack) holdToGrants(target string) {
 	s.GCSProxy.Refuse(target, func(method, path string) (int, string) {
 		bucket := bucketOf(path)
 		read := method == http.MethodGet || method == http.MethodHead
+		perm := permission(method, path)
 		switch {
+		case strings.HasPrefix(perm, "storage.buckets."), strings.Contains(path, "/copyTo/"), strings.Contains(path, "/rewriteTo/"):
+			// No role a function holds has a bucket permission, and none
+			// copies (a copy needs the destination's role too).
+			return http.StatusForbidden, forbidden(target, perm)
 		case bucket == StateBucket: // roles/storage.objectAdmin
 			return 0, ""
 		case read && f.ReadsIntake() && bucket == IntakeBucket: // roles/storage.objectViewer
@@ -120,7 +125,7 @@ func (s *Stack) holdToGrants(target string) {
 		case read && f.ReadsArtifacts && slices.Contains(s.opts.OutputBuckets, bucket): // roles/storage.objectViewer
 			return 0, ""
 		}
-		return http.StatusForbidden, forbidden(target, permission(method, path))
+		return http.StatusForbidden, forbidden(target, perm)
 	})
 }
 
@@ -166,6 +171,16 @@ func bucketOf(path string) string {
 // permission is the Cloud Storage permission a request needs.
 func permission(method, path string) string {
 	path, _, _ = strings.Cut(path, "?")
+	if rest, ok := strings.CutPrefix(path, "/storage/v1/b/"); ok && !strings.Contains(rest, "/o") {
+		// The bucket itself: its metadata, IAM policy or ACLs.
+		switch method {
+		case http.MethodGet, http.MethodHead:
+			return "storage.buckets.get"
+		case http.MethodDelete:
+			return "storage.buckets.delete"
+		}
+		return "storage.buckets.update"
+	}
 	switch {
 	case method == http.MethodPost || method == http.MethodPut:
 		return "storage.objects.create"
@@ -175,8 +190,6 @@ func permission(method, path string) string {
 		return "storage.objects.update"
 	case strings.HasSuffix(path, "/o"):
 		return "storage.objects.list"
-	case strings.HasPrefix(path, "/storage/v1/b/") && !strings.Contains(path, "/o/"):
-		return "storage.buckets.get"
 	}
 	return "storage.objects.get"
 }

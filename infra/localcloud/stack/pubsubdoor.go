@@ -20,11 +20,13 @@ import (
 )
 
 // pubsubDoor is one function's way to the Pub/Sub emulator: a gRPC proxy
-// that forwards every call unchanged, except a Publish to a topic the
-// function's identity has no roles/pubsub.publisher on (the wiring table's
-// Publishes), which it refuses as Pub/Sub does: PERMISSION_DENIED, "User
-// not authorized to perform this action."
-// (https://cloud.google.com/pubsub/docs/reference/error-codes).
+// that forwards a Publish to a topic the function's identity has
+// roles/pubsub.publisher on (the wiring table's Publishes) unchanged, and
+// refuses everything else as Pub/Sub does: PERMISSION_DENIED, "User not
+// authorized to perform this action."
+// (https://cloud.google.com/pubsub/docs/reference/error-codes). The role
+// holds pubsub.topics.publish alone: no function may look up, create or
+// delete a topic or a subscription, or pull.
 type pubsubDoor struct {
 	target  string
 	allowed []string // full topic names
@@ -36,11 +38,14 @@ type pubsubDoor struct {
 	refused []PublishRefusal
 }
 
-// PublishRefusal is a publish the Pub/Sub door refused.
+// PublishRefusal is a call the Pub/Sub door refused: a publish to a topic
+// outside the grant, or any other method.
 type PublishRefusal struct {
-	Function, Topic string
-	Data            string // the first message's data, at most 64 bytes
-	At              time.Time
+	Function, Method, Topic string
+	// Data: a refused publish's first message data (64 bytes at most), or
+	// another method's request as sent (200 bytes at most).
+	Data string
+	At   time.Time
 }
 
 // rawCodec passes messages through as bytes.
@@ -67,6 +72,7 @@ func (s *Stack) openPubSubDoor(target string) (*pubsubDoor, error) {
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		_ = d.up.Close()
 		return nil, err
 	}
 	d.addr = l.Addr().String()
@@ -88,10 +94,12 @@ func (d *pubsubDoor) forward(_ any, in grpc.ServerStream) error {
 	if err := in.RecvMsg(&first); err != nil {
 		return err
 	}
-	if method == publishMethod {
-		if err := d.check(first); err != nil {
-			return err
-		}
+	if method != publishMethod {
+		d.refuse(PublishRefusal{Function: d.target, Method: method, Data: string(first[:min(len(first), 200)]), At: time.Now()})
+		return errNotAuthorized
+	}
+	if err := d.check(first); err != nil {
+		return err
 	}
 	md, _ := metadata.FromIncomingContext(in.Context())
 	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(in.Context(), md.Copy()))
@@ -142,14 +150,22 @@ func (d *pubsubDoor) check(msg []byte) error {
 	if slices.Contains(d.allowed, req.GetTopic()) {
 		return nil
 	}
-	d.mu.Lock()
-	r := PublishRefusal{Function: d.target, Topic: req.GetTopic(), At: time.Now()}
+	r := PublishRefusal{Function: d.target, Method: publishMethod, Topic: req.GetTopic(), At: time.Now()}
 	if ms := req.GetMessages(); len(ms) > 0 {
 		r.Data = string(ms[0].GetData()[:min(len(ms[0].GetData()), 64)])
 	}
+	d.refuse(r)
+	return errNotAuthorized
+}
+
+// errNotAuthorized is Pub/Sub's answer to a call the caller has no
+// permission for.
+var errNotAuthorized = status.Error(codes.PermissionDenied, "User not authorized to perform this action.")
+
+func (d *pubsubDoor) refuse(r PublishRefusal) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.refused = append(d.refused, r)
-	d.mu.Unlock()
-	return status.Error(codes.PermissionDenied, "User not authorized to perform this action.")
 }
 
 // PublishRefusals are the publishes every function's Pub/Sub door refused.
