@@ -194,23 +194,24 @@ func testOutsideGrant(t *testing.T) {
 // publishProbe publishes one message to topic as a function, through its
 // Pub/Sub door.
 func publishProbe(ctx context.Context, target, topic string) error {
-	door, err := st.PubSubDoor(target)
-	if err != nil {
+	return asFunction(target, func(c pubsubpb.PublisherClient) error {
+		_, err := c.Publish(ctx, &pubsubpb.PublishRequest{
+			Topic: st.PubSub.TopicName(topic), Messages: []*pubsubpb.PubsubMessage{{Data: []byte(probeName)}},
+		})
 		return err
-	}
-	conn, err := grpc.NewClient(door, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.Close() }()
-	_, err = pubsubpb.NewPublisherClient(conn).Publish(ctx, &pubsubpb.PublishRequest{
-		Topic: st.PubSub.TopicName(topic), Messages: []*pubsubpb.PubsubMessage{{Data: []byte(probeName)}},
 	})
-	return err
 }
 
 // getTopicProbe asks Pub/Sub for a topic as a function, through its door.
 func getTopicProbe(ctx context.Context, target string) error {
+	return asFunction(target, func(c pubsubpb.PublisherClient) error {
+		_, err := c.GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: st.PubSub.TopicName(probeName)})
+		return err
+	})
+}
+
+// asFunction calls Pub/Sub through a function's door: as its identity.
+func asFunction(target string, call func(pubsubpb.PublisherClient) error) error {
 	door, err := st.PubSubDoor(target)
 	if err != nil {
 		return err
@@ -220,8 +221,7 @@ func getTopicProbe(ctx context.Context, target string) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	_, err = pubsubpb.NewPublisherClient(conn).GetTopic(ctx, &pubsubpb.GetTopicRequest{Topic: st.PubSub.TopicName(probeName)})
-	return err
+	return call(pubsubpb.NewPublisherClient(conn))
 }
 
 // functionKube is a Kubernetes client through a function's door: its
