@@ -39,25 +39,6 @@ const (
 // KubeGroups are the API groups of the resources in Function.Kube.
 var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
 
-// What starting an attempt does (StartAttempt): the trainer's ConfigMap,
-// then the RayCluster created or scaled back up.
-var startAttempt = map[string][]string{
-	ResourceConfigMaps:  {"create"},
-	ResourceRayClusters: {"create", "get", "update"},
-}
-
-// with is verbs added to a Kube table (a new map).
-func with(base map[string][]string, resource string, verbs ...string) map[string][]string {
-	out := map[string][]string{}
-	for r, v := range base {
-		out[r] = slices.Clone(v)
-	}
-	out[resource] = append(out[resource], verbs...)
-	slices.Sort(out[resource])
-	out[resource] = slices.Compact(out[resource])
-	return out
-}
-
 // Trigger delivers events to a function: a Pub/Sub topic's published
 // messages, or a bucket's finalized objects. A deployed function has one
 // trigger, so a function with several is deployed once per trigger.
@@ -95,7 +76,9 @@ var Functions = []Function{
 			{Name: "provision-requests", Topic: TopicRequests},
 		},
 		Publishes: []string{TopicProvisioned, TopicSubmitted, TopicEvents},
-		Kube:      startAttempt,
+		// Starts attempts (StartAttempt): the trainer's ConfigMap, then the
+		// RayCluster created or scaled back up.
+		Kube: map[string][]string{ResourceConfigMaps: {"create"}, ResourceRayClusters: {"create", "get", "update"}},
 	},
 	{
 		Name: "submit", EntryPoint: "Submit",
@@ -113,7 +96,11 @@ var Functions = []Function{
 		Publishes: []string{TopicProvisioned, TopicFinished, TopicEvents},
 		// Watches its jobs, cancels (deletes) them, starts retries, and
 		// the sweep lists jobs and clusters and scales idle ones to zero.
-		Kube: with(with(startAttempt, ResourceRayClusters, "list"), ResourceRayJobs, "delete", "get", "list"),
+		Kube: map[string][]string{
+			ResourceConfigMaps:  {"create"},
+			ResourceRayClusters: {"create", "get", "list", "update"},
+			ResourceRayJobs:     {"delete", "get", "list"},
+		},
 	},
 	{
 		Name: "finalize", EntryPoint: "Finalize", ReadsArtifacts: true,
@@ -121,7 +108,11 @@ var Functions = []Function{
 		Publishes: []string{TopicProvisioned, TopicEvents},
 		// Deletes a cancelled run's job, scales the cluster to zero or
 		// hands it to the next run in its queue.
-		Kube: with(startAttempt, ResourceRayJobs, "delete"),
+		Kube: map[string][]string{
+			ResourceConfigMaps:  {"create"},
+			ResourceRayClusters: {"create", "get", "update"},
+			ResourceRayJobs:     {"delete"},
+		},
 	},
 }
 

@@ -243,22 +243,23 @@ func kubeProbe(ctx context.Context, kc *kubernetes.Clientset, namespace, resourc
 	if g := pipeline.KubeGroups[resource]; g != "" {
 		prefix = "/apis/" + g + "/v1"
 	}
-	base := rc.Verb(http.MethodGet).AbsPath(prefix, "namespaces", namespace, resource)
+	collection := []string{prefix, "namespaces", namespace, resource}
+	object := append(slices.Clone(collection), probeName)
+	body := []byte(`{"metadata":{"name":"` + probeName + `"}}`)
+	var req *rest.Request
 	switch verb {
 	case "get":
-		base = rc.Get().AbsPath(prefix, "namespaces", namespace, resource, probeName)
+		req = rc.Get().AbsPath(object...)
 	case "list":
-		base = base.Param("labelSelector", probeName)
+		req = rc.Get().AbsPath(collection...).Param("labelSelector", probeName)
 	case "create": // the field manager marks the collection's path
-		base = rc.Post().AbsPath(prefix, "namespaces", namespace, resource).Param("fieldManager", probeName).
-			Body([]byte(`{"metadata":{"name":"`+probeName+`"}}`)).SetHeader("Content-Type", "application/json")
+		req = rc.Post().AbsPath(collection...).Param("fieldManager", probeName).Body(body)
 	case "update":
-		base = rc.Put().AbsPath(prefix, "namespaces", namespace, resource, probeName).
-			Body([]byte(`{"metadata":{"name":"`+probeName+`"}}`)).SetHeader("Content-Type", "application/json")
+		req = rc.Put().AbsPath(object...).Body(body)
 	case "delete":
-		base = rc.Delete().AbsPath(prefix, "namespaces", namespace, resource, probeName)
+		req = rc.Delete().AbsPath(object...)
 	}
-	return base.Do(ctx).Error()
+	return req.SetHeader("Content-Type", "application/json").Do(ctx).Error()
 }
 
 // httpStatus is the status of one request.

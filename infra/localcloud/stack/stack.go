@@ -446,27 +446,28 @@ func (s *Stack) Restart(ctx context.Context, fn string) error {
 
 // PID is the process ID of a function's current instance (0: none).
 func (s *Stack) PID(fn string) int {
-	f, ok := s.funcs[fn]
-	if !ok {
-		return 0
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.cmd == nil || f.cmd.Process == nil {
-		return 0
-	}
-	return f.cmd.Process.Pid
+	return s.read(fn, func(f *function) int {
+		if f.cmd == nil || f.cmd.Process == nil {
+			return 0
+		}
+		return f.cmd.Process.Pid
+	})
 }
 
 // Restarts counts the restarts of a function's process.
 func (s *Stack) Restarts(fn string) int {
+	return s.read(fn, func(f *function) int { return f.restarts })
+}
+
+// read reads a function's process state under its lock (0: no such function).
+func (s *Stack) read(fn string, get func(*function) int) int {
 	f, ok := s.funcs[fn]
 	if !ok {
 		return 0
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.restarts
+	return get(f)
 }
 
 // URL is a function's URL, where Eventarc posts its events.
