@@ -27,6 +27,7 @@ import (
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
@@ -68,6 +69,16 @@ type msg struct {
 	topic string
 	data  []byte
 	attrs map[string]string
+}
+
+// TestMain turns the pacing of document writes off: these tests play the
+// pipeline's logic on a virtual clock against an in-process Cloud Storage
+// that enforces no write rate, and would otherwise wait a wall-clock second
+// between writes of a record. The local cloud's Cloud Storage door enforces
+// the rate, and its suites check the pacing.
+func TestMain(m *testing.M) {
+	gcsdoc.WriteInterval = 0
+	os.Exit(m.Run())
 }
 
 func newWorld(t *testing.T) *world {
@@ -642,11 +653,22 @@ func (w *world) cancel(runID string) {
 
 func (w *world) lease() *pipeline.Lease {
 	w.t.Helper()
-	l, err := w.deps.Leases.Get(w.ctx, "default", "gemma3-tuning")
+	l, err := withWaiting(w.ctx, w.deps.Leases, "default", "gemma3-tuning")
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	return l
+}
+
+// withWaiting reads a lease, with Queue listing every run that waits for
+// the cluster (Leases.Waiting), for the tests' checks.
+func withWaiting(ctx context.Context, store pipeline.LeaseStore, namespace, cluster string) (*pipeline.Lease, error) {
+	l, err := store.Get(ctx, namespace, cluster)
+	if err != nil {
+		return nil, err
+	}
+	l.Queue, err = store.(*pipeline.Leases).Waiting(ctx, namespace, cluster)
+	return l, err
 }
 
 // TestCancelWhileQueued: a run queued behind another is cancelled, then the

@@ -418,7 +418,7 @@ func (w *world) eventsOf(runID string) []event.Event {
 
 // rawLease reads the lease without injected faults.
 func (c *chaos) rawLease() *pipeline.Lease {
-	l, err := c.deps.Leases.(faultyLeases).LeaseStore.Get(c.ctx, "default", "gemma3-tuning")
+	l, err := withWaiting(c.ctx, c.deps.Leases.(faultyLeases).LeaseStore, "default", "gemma3-tuning")
 	if err != nil {
 		c.fail("read lease: %v", err)
 	}

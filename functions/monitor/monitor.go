@@ -173,8 +173,9 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 		_, err := h.Deps.Announce(ctx, rec, runs.Running)
 		return err
 	}
+	// The move to RUNNING and the claim of its event are one write.
 	attempt := rec.Attempt
-	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+	_, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
 		if r.Attempt != attempt {
 			return runs.ErrNoChange
 		}
@@ -187,12 +188,6 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if rec.Phase == runs.Running {
-		_, err = h.Deps.Announce(ctx, rec, runs.Running)
-	}
 	return err
 }
 
@@ -225,9 +220,10 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 // (its UpdatedAt), so the step counts as stale again only a full StaleStep
 // later: however often ticks come, a stalled step is resent once per
 // StaleStep, never in a storm that buries the message behind its copies.
+// The same write claims the events the stalled delivery did not publish.
 func (h *Handler) resend(ctx context.Context, rec *runs.Record, topic string) error {
 	phase, attempt := rec.Phase, rec.Attempt
-	if _, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+	if _, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
 		if r.Phase != phase || r.Attempt != attempt {
 			return errMoved
 		}

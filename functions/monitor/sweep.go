@@ -121,12 +121,15 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 	}
 	if lease.Holder != "" && lease.Holder != rec.RunID {
 		holder, err := d.Runs.Get(ctx, lease.Holder)
+		gone := errors.Is(err, runs.ErrNotFound) && d.Time().Sub(lease.Updated) > pipeline.HolderWithoutRecord
 		switch {
-		case errors.Is(err, runs.ErrNotFound) || err == nil && holder.Phase.Terminal():
+		case gone || err == nil && holder.Phase.Terminal():
 			d.Log.Warn("lease_released", "cluster", rec.Cluster, "holder", lease.Holder, "why", "holder ended")
 			if _, _, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, lease.Holder); err != nil {
 				return err
 			}
+		case errors.Is(err, runs.ErrNotFound):
+			return nil // its delivery may be creating its record
 		case err != nil:
 			return err
 		default:

@@ -3,7 +3,7 @@
 //   - emulators: the Pub/Sub emulator and fake-gcs-server as processes
 //   - kubesim: kube-apiserver + etcd with KubeRay's reconcilers and the
 //     kubelet, Job controller and Ray job simulators
-//   - eventarc: Pub/Sub pushes turned into the CloudEvents Eventarc sends
+//   - eventarc: Pub/Sub messages (pulled, or pushed) turned into the CloudEvents Eventarc sends
 //   - faults: the recording, fault-injecting proxy between the functions and
 //     the services
 //   - stack: all of it together with the four functions as processes

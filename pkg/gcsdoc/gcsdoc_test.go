@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/storage"
 
@@ -80,4 +81,32 @@ func attrsGen(t *testing.T, obj *storage.ObjectHandle) int64 {
 		t.Fatal(err)
 	}
 	return a.Generation
+}
+
+// TestUpdatesArePaced: updates of one document one after another are
+// written at least WriteInterval apart, as Cloud Storage's limit of one
+// write per second to an object requires, and none is lost.
+func TestUpdatesArePaced(t *testing.T) {
+	obj := bucket(t).Object("paced.json")
+	ctx := context.Background()
+	var times []time.Time
+	for range 3 {
+		if _, err := Update(ctx, obj, func(c *counter, _ bool) error { c.N++; return nil }, nil); err != nil {
+			t.Fatal(err)
+		}
+		a, err := obj.Attrs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		times = append(times, a.Updated)
+	}
+	for i := 1; i < len(times); i++ {
+		if gap := times[i].Sub(times[i-1]); gap < WriteInterval {
+			t.Errorf("write %d came %v after the one before, want at least %v", i+1, gap, WriteInterval)
+		}
+	}
+	var c counter
+	if _, err := Read(ctx, obj, &c); err != nil || c.N != 3 {
+		t.Errorf("counter %d (%v), want 3", c.N, err)
+	}
 }

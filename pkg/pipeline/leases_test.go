@@ -2,11 +2,15 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"cloud.google.com/go/storage"
+
+	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 )
 
@@ -16,24 +20,26 @@ func leases(t *testing.T) *Leases {
 	return &Leases{Bucket: gcstest.New(t, "b").Bucket("b"), Clock: func() time.Time { return now }}
 }
 
-// TestLeaseSteps plays a lease's life step by step.
+// TestLeaseSteps plays a lease's life step by step. Queueing writes the
+// run's own waiting object, never the lease: the lease changes only when
+// the cluster changes hands.
 func TestLeaseSteps(t *testing.T) {
 	l := leases(t)
 	ctx := context.Background()
 	type step struct {
 		op, run    string
 		holder     string
-		queue      []string
+		waiting    []string
 		next       string
-		wantChange bool
+		wantChange bool // of the lease object
 	}
 	for i, s := range []step{
 		{"acquire", "a", "a", nil, "", true},
 		{"acquire", "a", "a", nil, "", false}, // a redelivery changes nothing
-		{"acquire", "b", "a", []string{"b"}, "", true},
-		{"acquire", "c", "a", []string{"b", "c"}, "", true},
+		{"acquire", "b", "a", []string{"b"}, "", false},
+		{"acquire", "c", "a", []string{"b", "c"}, "", false},
 		{"acquire", "b", "a", []string{"b", "c"}, "", false}, // queued once
-		{"release", "c", "a", []string{"b"}, "", true},       // a queued run leaves the queue
+		{"release", "c", "a", []string{"b"}, "", false},      // a queued run leaves the queue
 		{"release", "x", "a", []string{"b"}, "", false},      // a stranger changes nothing
 		{"release", "a", "b", nil, "b", true},                // the holder hands over to the first queued
 		{"release", "b", "", nil, "", true},
@@ -52,16 +58,84 @@ func TestLeaseSteps(t *testing.T) {
 			t.Fatalf("step %d %s %s: %v", i, s.op, s.run, err)
 		}
 		stored, _ := l.Get(ctx, "ns", "c")
-		if got.Holder != s.holder || !slices.Equal(got.Queue, s.queue) || next != s.next || stored.Holder != s.holder || !slices.Equal(stored.Queue, s.queue) {
-			t.Errorf("step %d %s %s: lease %+v (stored %+v) next %q; want holder %q queue %v next %q", i, s.op, s.run, got, stored, next, s.holder, s.queue, s.next)
+		waiting, err := l.Waiting(ctx, "ns", "c")
+		if err != nil {
+			t.Fatal(err)
 		}
-		changed := !slices.Equal(before.Queue, stored.Queue) || before.Holder != stored.Holder || !before.Updated.Equal(stored.Updated)
+		if got.Holder != s.holder || !slices.Equal(waiting, s.waiting) || next != s.next || stored.Holder != s.holder {
+			t.Errorf("step %d %s %s: lease %+v (stored %+v) waiting %v next %q; want holder %q waiting %v next %q", i, s.op, s.run, got, stored, waiting, next, s.holder, s.waiting, s.next)
+		}
+		changed := before.Holder != stored.Holder || !before.Updated.Equal(stored.Updated)
 		if changed != s.wantChange {
-			t.Errorf("step %d %s %s: changed %v, want %v", i, s.op, s.run, changed, s.wantChange)
+			t.Errorf("step %d %s %s: lease changed %v, want %v", i, s.op, s.run, changed, s.wantChange)
 		}
 	}
 	if le, err := l.Get(ctx, "ns", "never-leased"); err != nil || le.Holder != "" || len(le.Queue) != 0 {
 		t.Errorf("a cluster nobody leased: %+v %v", le, err)
+	}
+}
+
+// TestLeaseOfAnEarlierVersion: runs queued in the lease itself, as earlier
+// versions queued them, get the cluster first, then the runs queued since.
+func TestLeaseOfAnEarlierVersion(t *testing.T) {
+	l := leases(t)
+	ctx := context.Background()
+	if err := gcsdoc.Write(ctx, l.object("ns", "c"), Lease{Holder: "a", Queue: []string{"old1", "old2"}}, storage.Conditions{DoesNotExist: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, "ns", "c", "new"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Release(ctx, "ns", "c", "old2"); err != nil { // cancelled while it waited
+		t.Fatal(err)
+	}
+	var order []string
+	for holder := "a"; holder != ""; {
+		_, next, err := l.Release(ctx, "ns", "c", holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if next != "" {
+			order = append(order, next)
+		}
+		holder = next
+	}
+	if want := []string{"old1", "new"}; !slices.Equal(order, want) {
+		t.Errorf("handed over to %v, want %v", order, want)
+	}
+}
+
+// TestQueueingWhileReleased: a run that queues while the holder releases
+// the cluster is never left waiting for nobody: either the holder hands the
+// cluster to it, or it takes the free cluster itself.
+func TestQueueingWhileReleased(t *testing.T) {
+	l := leases(t)
+	ctx := context.Background()
+	for i := range 12 {
+		cluster := fmt.Sprintf("c%d", i)
+		if _, err := l.Acquire(ctx, "ns", cluster, "a"); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, err := l.Acquire(ctx, "ns", cluster, "b"); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(func() {
+			if _, _, err := l.Release(ctx, "ns", cluster, "a"); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		le, _ := l.Get(ctx, "ns", cluster)
+		waiting, err := l.Waiting(ctx, "ns", cluster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if le.Holder != "b" || len(waiting) != 0 {
+			t.Errorf("%s: holder %q, waiting %v; want b holding, nobody waiting", cluster, le.Holder, waiting)
+		}
 	}
 }
 
@@ -90,7 +164,11 @@ func TestLeaseHasOneHolder(t *testing.T) {
 	}
 	wg.Wait()
 	le, _ := l.Get(ctx, "ns", "c")
-	if len(holders) != 1 || !holders[le.Holder] || len(le.Queue) != len(runs)-1 || slices.Contains(le.Queue, le.Holder) {
-		t.Errorf("holders %v, lease %+v; want one holder, the rest queued", holders, le)
+	waiting, err := l.Waiting(ctx, "ns", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(holders) != 1 || !holders[le.Holder] || len(waiting) != len(runs)-1 || slices.Contains(waiting, le.Holder) {
+		t.Errorf("holders %v, lease %+v, waiting %v; want one holder, the rest queued", holders, le, waiting)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
@@ -109,6 +110,14 @@ const (
 	StaleStep     = 20 * time.Second
 )
 
+// HolderWithoutRecord is how long a cluster's lease may name a run that
+// has no record before the sweep takes the lease back: a new run takes its
+// cluster before its record is created, so a holder without a record may
+// be a delivery at work. This is longer than a delivery can last (the
+// functions' timeout, timeout_seconds in infra/gcp/functions.tf); only a
+// delivery that died and was never redelivered leaves such a lease.
+const HolderWithoutRecord = 10 * time.Minute
+
 // RecoveryBound is the longest a run stalls after the instance handling it
 // died, with ticks every tick: its last write is at most StaleStep old when
 // a sweep first sees it stale, and that sweep comes at most one tick later.
@@ -117,8 +126,75 @@ const (
 // the dead delivery's claim has expired.
 func RecoveryBound(tick time.Duration) time.Duration { return StaleStep + tick }
 
-// errClaimed means another delivery is publishing the event right now.
+// errClaimed means another delivery is publishing this event right now.
 var errClaimed = errors.New("another delivery is publishing this event")
+
+// claim takes, in the record being written, the right to publish the event
+// of phase p: false when it has gone out or another delivery holds a fresh
+// claim to it. The claim holds the others off for ClaimFor.
+func claim(r *runs.Record, p runs.Phase, now time.Time) bool {
+	if r.WasPublished(p) {
+		return false
+	}
+	if t, ok := r.Publishing[p]; ok && now.Sub(t) < ClaimFor {
+		return false
+	}
+	if r.Publishing == nil {
+		r.Publishing = map[runs.Phase]time.Time{}
+	}
+	r.Publishing[p] = now
+	return true
+}
+
+// ClaimPending claims, in the record being written, the events of the
+// phases the run has entered whose event has not gone out and that no
+// delivery is publishing, terminal phases excepted (finalize announces
+// those once the cluster is released). It returns them in the order the
+// run entered them.
+func ClaimPending(r *runs.Record, now time.Time) []runs.Phase {
+	if r.Phase.Terminal() {
+		return nil // finalize announces what an ended run still owes
+	}
+	var out []runs.Phase
+	for _, e := range r.History {
+		if e.Phase.Event() == "" || e.Phase.Terminal() || slices.Contains(out, e.Phase) {
+			continue
+		}
+		if claim(r, e.Phase, now) {
+			out = append(out, e.Phase)
+		}
+	}
+	return out
+}
+
+// Advance changes the run's record with fn and, in the same write, claims
+// its pending events (ClaimPending); then it publishes them, in order, and
+// records them published. Folding the claim into the transition saves a
+// write of the record, which Cloud Storage allows about once a second.
+// fn may refuse with runs.ErrNoChange: the events are still claimed and
+// published. It returns the record as last written.
+func (d *Deps) Advance(ctx context.Context, runID string, fn func(*runs.Record) error) (*runs.Record, error) {
+	now := d.Time()
+	var claimed []runs.Phase
+	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		err := fn(r)
+		if err != nil && !errors.Is(err, runs.ErrNoChange) {
+			return err
+		}
+		claimed = ClaimPending(r, now)
+		if len(claimed) == 0 {
+			return err
+		}
+		return nil
+	})
+	if err != nil || len(claimed) == 0 {
+		return rec, err
+	}
+	if err := d.Publish(ctx, rec, claimed, now); err != nil {
+		return nil, err
+	}
+	return d.MarkPublished(ctx, runID, claimed)
+}
 
 // Announce publishes the public event of phase for the record once. A
 // delivery first claims the event in the record (compare-and-swap), so
@@ -127,8 +203,7 @@ var errClaimed = errors.New("another delivery is publishing this event")
 // stale claim, and the next one then publishes again under the same
 // CloudEvent ID, which subscribers can use to drop the copy.
 func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*runs.Record, error) {
-	phase := p.Event()
-	if phase == "" {
+	if p.Event() == "" {
 		return nil, Permanent(fmt.Errorf("phase %s has no public event", p))
 	}
 	if r.WasPublished(p) {
@@ -139,39 +214,61 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*run
 		if cur.WasPublished(p) {
 			return runs.ErrNoChange
 		}
-		if t, ok := cur.Publishing[p]; ok && now.Sub(t) < ClaimFor {
+		if !claim(cur, p, now) {
 			return errClaimed
 		}
-		if cur.Publishing == nil {
-			cur.Publishing = map[runs.Phase]time.Time{}
-		}
-		cur.Publishing[p] = now
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("announce %s of run: %w", phase, err)
+		return nil, fmt.Errorf("announce %s of run: %w", p.Event(), err)
 	}
 	if r.WasPublished(p) {
 		return r, nil
 	}
-	e, err := events.New(d.Config.EventSource, EventData(r, p, d.Config), now)
-	if err != nil {
+	if err := d.Publish(ctx, r, []runs.Phase{p}, now); err != nil {
 		return nil, err
 	}
+	return d.MarkPublished(ctx, r.RunID, []runs.Phase{p})
+}
+
+// Publish publishes the events of phases, which this delivery claimed in
+// rec at now, in order, all within publishWithin of each other. If one
+// fails, the claims of those not published are given up at once, so a
+// redelivery publishes them without waiting for the claims to expire.
+func (d *Deps) Publish(ctx context.Context, rec *runs.Record, phases []runs.Phase, now time.Time) error {
 	pctx, cancel := context.WithTimeout(ctx, publishWithin)
-	err = d.Publisher.Publish(pctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e))
-	cancel()
-	if err != nil {
-		_, _ = d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
-			delete(cur.Publishing, p) // let the redelivery try again at once
-			return nil
-		})
-		return nil, fmt.Errorf("publish %s event of run %s: %w", phase, r.RunID, err)
+	defer cancel()
+	for i, p := range phases {
+		e, err := events.New(d.Config.EventSource, EventData(rec, p, d.Config), now)
+		if err == nil {
+			err = d.Publisher.Publish(pctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e))
+		}
+		if err != nil {
+			done, left := phases[:i], phases[i:]
+			_, _ = d.Runs.Update(ctx, rec.RunID, func(cur *runs.Record) error {
+				for _, q := range done {
+					cur.MarkPublished(q)
+					delete(cur.Publishing, q)
+				}
+				for _, q := range left {
+					delete(cur.Publishing, q) // let the redelivery try again at once
+				}
+				return nil
+			})
+			return fmt.Errorf("publish %s event of run %s: %w", p.Event(), rec.RunID, err)
+		}
+		d.Log.Info("event_published", "run_id", rec.RunID, "type", e.Type())
 	}
-	d.Log.Info("event_published", "run_id", r.RunID, "type", e.Type())
-	return d.Runs.Update(ctx, r.RunID, func(cur *runs.Record) error {
-		cur.MarkPublished(p)
-		delete(cur.Publishing, p)
+	return nil
+}
+
+// MarkPublished records that the events of phases have gone out.
+func (d *Deps) MarkPublished(ctx context.Context, runID string, phases []runs.Phase) (*runs.Record, error) {
+	return d.Runs.Update(ctx, runID, func(cur *runs.Record) error {
+		for _, p := range phases {
+			cur.MarkPublished(p)
+			delete(cur.Publishing, p)
+		}
 		return nil
 	})
 }

@@ -22,20 +22,10 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 	if err != nil {
 		return err
 	}
-	if rec.Spec == nil {
-		return Permanent(fmt.Errorf("run %s has no spec", runID))
-	}
-	code, err := manifests.TrainerCode()
-	if err != nil {
-		return Permanent(err)
-	}
-	if err := d.EnsureConfigMap(ctx, manifests.TrainerConfigMap(rec.Spec, code)); err != nil {
+	if err := d.EnsureResources(ctx, rec); err != nil {
 		return err
 	}
-	if err := d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code)); err != nil {
-		return err
-	}
-	rec, err = d.Runs.Update(ctx, runID, func(r *runs.Record) error {
+	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error {
 		return r.MarkProvisioned(runs.Attempt{N: n, RayJob: names.RayJob(runID, n), ResumeFrom: resumeFrom}, why, d.Time())
 	})
 	if err != nil {
@@ -47,6 +37,22 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 	}
 	d.Log.Info("attempt_started", "run_id", runID, "attempt", n, "resume_from", resumeFrom)
 	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: n})
+}
+
+// EnsureResources makes sure the run's trainer ConfigMap and RayCluster
+// exist.
+func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
+	if rec.Spec == nil {
+		return Permanent(fmt.Errorf("run %s has no spec", rec.RunID))
+	}
+	code, err := manifests.TrainerCode()
+	if err != nil {
+		return Permanent(err)
+	}
+	if err := d.EnsureConfigMap(ctx, manifests.TrainerConfigMap(rec.Spec, code)); err != nil {
+		return err
+	}
+	return d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code))
 }
 
 // Finish records how the current attempt ended and sends the run to
@@ -98,17 +104,15 @@ func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
 	if lease.Holder == rec.RunID {
 		return d.StartAttempt(ctx, rec.RunID, 1, "", "")
 	}
-	rec, err = d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		return r.MarkQueued(lease.Holder, d.Time())
-	})
-	if err != nil {
+	queued := false
+	_, err = d.Advance(ctx, rec.RunID, func(r *runs.Record) error {
+		err := r.MarkQueued(lease.Holder, d.Time())
+		queued = err == nil
 		return err
+	})
+	if err == nil && queued {
+		d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", lease.Holder)
 	}
-	if rec.Phase != runs.Queued {
-		return nil
-	}
-	d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", lease.Holder)
-	_, err = d.Announce(ctx, rec, runs.Queued)
 	return err
 }
 

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
+	vkit "cloud.google.com/go/pubsub/v2/apiv1"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
@@ -182,7 +183,8 @@ type Trigger struct {
 	Name string
 	// Topic is the topic id (or full name) the subscription is on; it must exist.
 	Topic string
-	// PushEndpoint is the URL the messages are pushed to.
+	// PushEndpoint is the URL the messages are pushed to; empty for a pull
+	// subscription (CreateTriggerSubscription).
 	PushEndpoint string
 	// AckDeadline is also the push timeout. Zero: 10 s, Pub/Sub's default.
 	AckDeadline time.Duration
@@ -211,8 +213,20 @@ func DeadLetterSubscription(trigger string) string {
 // the dead-letter topic for DeadLettered. It fails if the subscription
 // exists.
 func (p *PubSub) CreatePushSubscription(ctx context.Context, t Trigger) error {
-	if t.Name == "" || t.Topic == "" || t.PushEndpoint == "" {
-		return fmt.Errorf("trigger %q: name, topic and push endpoint are required", t.Name)
+	if t.PushEndpoint == "" {
+		return fmt.Errorf("trigger %q: a push endpoint is required", t.Name)
+	}
+	return p.CreateTriggerSubscription(ctx, t)
+}
+
+// CreateTriggerSubscription is CreatePushSubscription, or, for a trigger
+// without a push endpoint, creates a pull subscription with no retry or
+// dead-letter policy, for a receiver that applies them itself
+// (eventarc.Adapter.Receive); the dead-letter topic and subscription are
+// created all the same.
+func (p *PubSub) CreateTriggerSubscription(ctx context.Context, t Trigger) error {
+	if t.Name == "" || t.Topic == "" {
+		return fmt.Errorf("trigger %q: name and topic are required", t.Name)
 	}
 	if strings.HasPrefix(t.Name, "projects/") {
 		return fmt.Errorf("trigger %q: give the subscription id, not its full name", t.Name)
@@ -235,25 +249,24 @@ func (p *PubSub) CreatePushSubscription(ctx context.Context, t Trigger) error {
 		attempts = 5
 	}
 	sub := &pubsubpb.Subscription{
-		Name:       p.SubscriptionName(t.Name),
-		Topic:      p.TopicName(t.Topic),
-		PushConfig: &pubsubpb.PushConfig{PushEndpoint: t.PushEndpoint},
-		DeadLetterPolicy: &pubsubpb.DeadLetterPolicy{
-			DeadLetterTopic:     dlTopic,
-			MaxDeliveryAttempts: attempts,
-		},
+		Name:  p.SubscriptionName(t.Name),
+		Topic: p.TopicName(t.Topic),
 	}
 	if t.AckDeadline > 0 {
 		sub.AckDeadlineSeconds = int32(t.AckDeadline / time.Second)
 	}
-	if t.MinBackoff > 0 || t.MaxBackoff > 0 {
+	if t.PushEndpoint != "" {
+		sub.PushConfig = &pubsubpb.PushConfig{PushEndpoint: t.PushEndpoint}
+		sub.DeadLetterPolicy = &pubsubpb.DeadLetterPolicy{DeadLetterTopic: dlTopic, MaxDeliveryAttempts: attempts}
+	}
+	if t.PushEndpoint != "" && (t.MinBackoff > 0 || t.MaxBackoff > 0) {
 		sub.RetryPolicy = &pubsubpb.RetryPolicy{
 			MinimumBackoff: durationpb.New(t.MinBackoff),
 			MaximumBackoff: durationpb.New(t.MaxBackoff),
 		}
 	}
 	if _, err := p.client.SubscriptionAdminClient.CreateSubscription(ctx, sub); err != nil {
-		return fmt.Errorf("create push subscription %s: %w", t.Name, err)
+		return fmt.Errorf("create subscription %s: %w", t.Name, err)
 	}
 	return nil
 }
@@ -261,6 +274,16 @@ func (p *PubSub) CreatePushSubscription(ctx context.Context, t Trigger) error {
 // deadLetterSourceAttr is the attribute Pub/Sub sets on a dead-lettered
 // message: the id of the subscription it was dead-lettered from.
 const deadLetterSourceAttr = "CloudPubSubDeadLetterSourceSubscription"
+
+// Subscriber is the subscriber API, for receivers that pull.
+func (p *PubSub) Subscriber() *vkit.SubscriptionAdminClient { return p.client.SubscriptionAdminClient }
+
+// Forward publishes a message to a topic (a full name), as Pub/Sub forwards
+// a dead-lettered message.
+func (p *PubSub) Forward(ctx context.Context, topic string, m *pubsubpb.PubsubMessage) error {
+	_, err := p.client.TopicAdminClient.Publish(ctx, &pubsubpb.PublishRequest{Topic: topic, Messages: []*pubsubpb.PubsubMessage{m}})
+	return err
+}
 
 // DeadLetteredMessages returns the messages DeadLettered has counted for
 // the trigger so far.

@@ -1,6 +1,12 @@
-// Package eventarc delivers Pub/Sub pushes to functions as CloudEvents, the
-// way Eventarc delivers them to Cloud Run functions in the cloud, for the
-// local cloud, where no Eventarc exists.
+// Package eventarc delivers Pub/Sub messages to functions as CloudEvents,
+// the way Eventarc delivers them to Cloud Run functions in the cloud, for
+// the local cloud, where no Eventarc exists.
+//
+// The local cloud's routes receive from pull subscriptions (Receive, in
+// pull.go), so that as many events reach a function at once as the
+// deployment lets its instances serve; the Pub/Sub emulator pushes at most
+// two messages at once per subscription, which would make the local cloud
+// measure the emulator. Each message is handled as a push is, below.
 //
 // Each Route stands for one Eventarc trigger. A push subscription on the
 // Pub/Sub emulator pushes to the route's endpoint (PushEndpoint); the
@@ -297,50 +303,63 @@ func (e errIgnored) Error() string { return e.why }
 
 func (a *Adapter) push(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	route, ok := a.routes[name]
-	if !ok {
+	if _, ok := a.routes[name]; !ok {
 		a.log.Warn("eventarc: push for an unknown route", "route", name)
 		http.Error(w, "unknown route "+name, http.StatusNotFound)
 		return
 	}
-	a.count(name, func(s *RouteStats) { s.Pushes++ })
-	log := a.log.With("route", name, "target", route.Target)
-	start := time.Now()
-
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxPushBytes))
 	var p pushRequest
 	if err == nil {
 		err = json.Unmarshal(body, &p)
 	}
-	var ev event.Event
-	if err == nil {
-		ev, err = a.toEvent(route, p)
+	if err != nil {
+		a.count(name, func(s *RouteStats) { s.Pushes++; s.BadPushes++ })
+		a.observe(Delivery{Route: name, Outcome: Bad, Err: err, Start: time.Now()})
+		a.log.Error("eventarc: bad push", "route", name, "err", err, "body", truncate(body, 512))
+		http.Error(w, "bad push: "+err.Error(), http.StatusBadRequest)
+		return
 	}
+	code, msg := a.handle(r.Context(), name, p)
+	if msg != "" {
+		http.Error(w, msg, code)
+		return
+	}
+	w.WriteHeader(code)
+}
+
+// handle delivers one message of route (a push's, or one pulled) and
+// returns the status a push would be answered with, and an error message
+// for the answer's body: 2xx acknowledges the message, anything else has
+// Pub/Sub redeliver it.
+func (a *Adapter) handle(ctx context.Context, name string, p pushRequest) (int, string) {
+	route := a.routes[name]
+	a.count(name, func(s *RouteStats) { s.Pushes++ })
+	log := a.log.With("route", name, "target", route.Target)
+	start := time.Now()
+	ev, err := a.toEvent(route, p)
 	var ignored errIgnored
 	switch {
 	case errors.As(err, &ignored):
 		a.count(name, func(s *RouteStats) { s.Ignored++ })
 		a.observe(Delivery{Route: name, Outcome: Ignored, Event: ev, Start: start})
 		log.Debug("eventarc: push dropped by the trigger's filters", "why", ignored.why, "messageId", p.Message.MessageID)
-		w.WriteHeader(http.StatusNoContent)
-		return
+		return http.StatusNoContent, ""
 	case err != nil:
 		a.count(name, func(s *RouteStats) { s.BadPushes++ })
 		a.observe(Delivery{Route: name, Outcome: Bad, Err: err, Start: start})
-		log.Error("eventarc: bad push", "err", err, "body", truncate(body, 512))
-		http.Error(w, "bad push: "+err.Error(), http.StatusBadRequest)
-		return
+		log.Error("eventarc: bad push", "err", err, "messageId", p.Message.MessageID)
+		return http.StatusBadRequest, "bad push: " + err.Error()
 	}
 	if a.takeDrop(name, ev) {
 		// A lost message: acknowledged, never delivered.
 		a.count(name, func(s *RouteStats) { s.Dropped++ })
 		a.observe(Delivery{Route: name, Outcome: Dropped, Event: ev, Start: start})
 		log.Warn("eventarc: push dropped on purpose", "id", ev.ID(), "subject", ev.Subject())
-		w.WriteHeader(http.StatusNoContent)
-		return
+		return http.StatusNoContent, ""
 	}
 
-	code, answer, err := a.deliver(r.Context(), route.Target, &ev)
+	code, answer, err := a.deliver(ctx, route.Target, &ev)
 	a.observe(Delivery{Route: name, Outcome: Delivered, Event: ev, Code: code, Err: err, Start: start, Took: time.Since(start)})
 	a.count(name, func(s *RouteStats) {
 		s.Deliveries++
@@ -354,14 +373,13 @@ func (a *Adapter) push(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		log.Warn("eventarc: no answer from the function, Pub/Sub will redeliver", append(attrs, "err", err)...)
-		http.Error(w, "function unreachable: "+err.Error(), http.StatusServiceUnavailable)
-		return
+		return http.StatusServiceUnavailable, "function unreachable: " + err.Error()
 	case code >= 200 && code < 300:
 		log.Debug("eventarc: delivered", append(attrs, "status", code)...)
 	default:
 		log.Warn("eventarc: function failed, Pub/Sub will redeliver", append(attrs, "status", code, "answer", answer)...)
 	}
-	w.WriteHeader(code)
+	return code, ""
 }
 
 // toEvent makes the CloudEvent Eventarc sends for a push on route.

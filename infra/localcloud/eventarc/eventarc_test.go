@@ -363,3 +363,107 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestPullDelivery: a route receiving from a pull subscription delivers as
+// many events at once as its policy's concurrency and no more, redelivers a
+// failed event after the retry policy's back-off, and forwards an event that
+// failed every attempt to the dead-letter topic with Pub/Sub's attributes.
+func TestPullDelivery(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ps, err := emulators.StartPubSub(ctx, project, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ps.Stop() })
+
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	var failedAt []time.Time
+	fn := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/fails" {
+			mu.Lock()
+			failedAt = append(failedAt, time.Now())
+			mu.Unlock()
+			http.Error(w, "always failing", http.StatusInternalServerError)
+			return
+		}
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		time.Sleep(200 * time.Millisecond)
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer fn.Close()
+	a := eventarc.New([]eventarc.Route{
+		{Name: "slow", Kind: eventarc.PubSubPublished, Target: fn.URL + "/slow", Topic: ps.TopicName("slow")},
+		{Name: "fails", Kind: eventarc.PubSubPublished, Target: fn.URL + "/fails", Topic: ps.TopicName("fails")},
+	}, nil, nil)
+	if err := ps.CreateTopics(ctx, "slow", "fails"); err != nil {
+		t.Fatal(err)
+	}
+	pol := eventarc.Policy{Concurrency: 8, AckDeadline: 10 * time.Second, MinBackoff: time.Second, MaxBackoff: 2 * time.Second, MaxDeliveryAttempts: 5}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for _, route := range []string{"slow", "fails"} {
+		if err := ps.CreateTriggerSubscription(ctx, emulators.Trigger{Name: "trigger-" + route, Topic: route, AckDeadline: pol.AckDeadline}); err != nil {
+			t.Fatal(err)
+		}
+		p := pol
+		p.DeadLetterTopic = ps.TopicName(emulators.DeadLetterTopic(route))
+		wg.Go(func() {
+			if err := a.Receive(rctx, route, ps.SubscriptionName("trigger-"+route), p, ps.Subscriber(), ps.Forward); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	psc, err := ps.NewClient(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = psc.Close() }()
+	publish := func(topic string, n int) {
+		pub := psc.Publisher(topic)
+		defer pub.Stop()
+		var results []*pubsub.PublishResult
+		for i := range n {
+			results = append(results, pub.Publish(ctx, &pubsub.Message{Data: []byte{byte(i)}}))
+		}
+		for _, r := range results {
+			if _, err := r.Get(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish("slow", 40)
+	publish("fails", 1)
+
+	eventually(t, 30*time.Second, "40 deliveries and a dead-lettered message", func() bool {
+		n, _ := ps.DeadLettered(ctx, "trigger-fails")
+		return a.Stats()["slow"].Codes[200] == 40 && n == 1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if most != pol.Concurrency {
+		t.Errorf("at most %d deliveries at once, want %d (the policy's concurrency)", most, pol.Concurrency)
+	}
+	if len(failedAt) != pol.MaxDeliveryAttempts {
+		t.Errorf("the failing event was delivered %d times, want %d", len(failedAt), pol.MaxDeliveryAttempts)
+	}
+	for i := 1; i < len(failedAt); i++ {
+		want := min(pol.MinBackoff<<(i-1), pol.MaxBackoff)
+		if gap := failedAt[i].Sub(failedAt[i-1]); gap < want {
+			t.Errorf("redelivery %d came %v after the failure, want at least the back-off %v", i, gap, want)
+		}
+	}
+	dead := ps.DeadLetteredMessages("trigger-fails")
+	if len(dead) != 1 || dead[0].Attributes["CloudPubSubDeadLetterSourceDeliveryCount"] != "5" {
+		t.Errorf("dead-lettered %+v, want one message after 5 deliveries", dead)
+	}
+}

@@ -14,6 +14,8 @@
 //   - goes down: every door stops listening and every open connection is cut,
 //     so clients get "connection refused" as from a stopped server, until Up
 //     reopens the doors on the same addresses (Down, Up);
+//   - refuses, with 429, a write to a resource written less than an interval
+//     before (LimitWrites): Cloud Storage's limit on writes to one object;
 //   - calls a hook after the service answered a request and before the
 //     client gets the answer, where a test kills the client's process: the
 //     write took effect, and the process dies mid-handler (SetHook).
@@ -66,6 +68,18 @@ type Proxy struct {
 	denials  []denial
 	// transports are the clients' own (DoorWith); others use the default.
 	transports map[string]http.RoundTripper
+	limit      *writeLimit
+}
+
+// writeLimit is LimitWrites' rule and what it has seen.
+type writeLimit struct {
+	every  time.Duration
+	key    func(method, path string) string
+	refuse func(key string) string
+	// last is when the last successful write of each resource arrived.
+	last map[string]time.Time
+	// refused are the writes refused, kept across Reset.
+	refused []Request
 }
 
 // Refusal answers a request (method, path with the query) that the service
@@ -111,6 +125,7 @@ func New(name, upstream string, rt http.RoundTripper) (*Proxy, error) {
 				return nil
 			}
 			req.Status = resp.StatusCode
+			p.wrote(*req)
 			p.record(*req)
 			p.mu.Lock()
 			hook := p.hook
@@ -265,6 +280,11 @@ func (p *Proxy) handler(client string) http.Handler {
 		p.mu.Lock()
 		inject := req.Write && p.share > 0 && p.rng.Float64() < p.share
 		status, body := p.refused(client, req.Method, req.Path)
+		if status == 0 {
+			if body = p.limited(req); body != "" {
+				status = http.StatusTooManyRequests
+			}
+		}
 		p.mu.Unlock()
 		if status != 0 {
 			req.Status, req.Injected = status, true
@@ -285,6 +305,57 @@ func (p *Proxy) handler(client string) http.Handler {
 			p.record(req) // the service gave no answer
 		}
 	})
+}
+
+// LimitWrites makes the proxy refuse a write, with 429 and the body refuse
+// gives, when the last successful write of the same resource (key names
+// it; "" for a request the limit does not apply to) arrived less than every
+// before, from any client. Only writes that succeeded count, as only they
+// change the resource.
+func (p *Proxy) LimitWrites(every time.Duration, key func(method, path string) string, refuse func(key string) string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.limit = &writeLimit{every: every, key: key, refuse: refuse, last: map[string]time.Time{}}
+}
+
+// limited is the body of a refusal of req for the write limit ("" when
+// the write may go); p.mu is held.
+func (p *Proxy) limited(req Request) string {
+	l := p.limit
+	if l == nil || !req.Write {
+		return ""
+	}
+	k := l.key(req.Method, req.Path)
+	if last, ok := l.last[k]; k != "" && ok && req.At.Sub(last) < l.every {
+		req.Status, req.Injected = http.StatusTooManyRequests, true
+		l.refused = append(l.refused, req)
+		return l.refuse(k)
+	}
+	return ""
+}
+
+// LimitRefusals returns every write LimitWrites refused since it was set,
+// whatever Reset forgot.
+func (p *Proxy) LimitRefusals() []Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.limit == nil {
+		return nil
+	}
+	return append([]Request(nil), p.limit.refused...)
+}
+
+// wrote notes a successful write for the write limit.
+func (p *Proxy) wrote(req Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.limit
+	if l == nil || !req.Write || req.Status < 200 || req.Status > 299 {
+		return
+	}
+	if k := l.key(req.Method, req.Path); k != "" && req.At.After(l.last[k]) {
+		l.last[k] = req.At
+	}
 }
 
 // Refuse makes the proxy answer client's requests that refuse refuses

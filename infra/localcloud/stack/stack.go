@@ -1,7 +1,8 @@
 // Package stack starts raydrop's local cloud: the Pub/Sub emulator,
 // fake-gcs-server with object notifications, a real kube-apiserver with
 // KubeRay's own reconcilers and the kubelet/Job simulators, the Eventarc
-// adapter with the deployment's push subscriptions, the four functions each
+// adapter delivering each trigger's subscription with the deployment's
+// concurrency and retry policy (DeliveryPolicy), the four functions each
 // in its own process exactly as deployed, and a scheduler ticker.
 //
 // The functions reach the API server and Cloud Storage through the
@@ -207,6 +208,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.GCSProxy, err = faults.New("fake-gcs-server", s.Storage.URL(), nil); err != nil {
 		return nil, err
 	}
+	s.limitObjectWrites()
 	hook := func(r faults.Request) { s.crashHook(r) }
 	s.KubeProxy.SetHook(hook)
 	s.GCSProxy.SetHook(hook)
@@ -240,16 +242,26 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if _, err := s.Adapter.Start(ctx); err != nil {
 		return nil, err
 	}
-	s.step("creating the push subscriptions (retry 1s..10s, dead-letter after 10 attempts)")
+	s.step("creating the triggers' subscriptions (up to %d deliveries at once each, retry %v..%v, dead-letter after %d attempts)",
+		DeliveryPolicy.Concurrency, DeliveryPolicy.MinBackoff, DeliveryPolicy.MaxBackoff, DeliveryPolicy.MaxDeliveryAttempts)
 	for _, r := range routes {
-		t := emulators.Trigger{Name: r.Name, Topic: topicOf[r.Name], PushEndpoint: s.Adapter.PushEndpoint(r.Name), AckDeadline: 60 * time.Second, MinBackoff: time.Second, MaxBackoff: 10 * time.Second, MaxDeliveryAttempts: 10}
-		if err := s.PubSub.CreatePushSubscription(ctx, t); err != nil {
+		t := emulators.Trigger{Name: r.Name, Topic: topicOf[r.Name], AckDeadline: DeliveryPolicy.AckDeadline}
+		if err := s.PubSub.CreateTriggerSubscription(ctx, t); err != nil {
 			return nil, err
 		}
 	}
 
 	tctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	for _, r := range routes {
+		pol := DeliveryPolicy
+		pol.DeadLetterTopic = emulators.DeadLetterTopic(s.PubSub.TopicName(topicOf[r.Name]))
+		s.wg.Go(func() {
+			if err := s.Adapter.Receive(tctx, r.Name, s.PubSub.SubscriptionName(r.Name), pol, s.PubSub.Subscriber(), s.PubSub.Forward); err != nil {
+				o.Log.Error("eventarc: a trigger stopped receiving", "route", r.Name, "err", err)
+			}
+		})
+	}
 	if err := s.markNotifications(tctx); err != nil {
 		return nil, err
 	}
@@ -257,6 +269,20 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	go s.ticker(tctx, o.Tick)
 	s.step("ready in %.1f s", time.Since(t0).Seconds())
 	return s, nil
+}
+
+// DeliveryPolicy is how the local Eventarc delivers each trigger's events
+// (eventarc.Policy): as many at once as the deployment's defaults allow
+// (function_max_instances 10 × function_concurrency 16 in
+// infra/gcp/variables.tf), max_delivery_attempts' default, and the retry
+// back-off scaled down from the deployment's 10 s..600 s
+// (infra/gcp/functions.tf) so the suites see retries within seconds.
+var DeliveryPolicy = eventarc.Policy{
+	Concurrency:         10 * 16,
+	AckDeadline:         60 * time.Second,
+	MinBackoff:          time.Second,
+	MaxBackoff:          10 * time.Second,
+	MaxDeliveryAttempts: 10,
 }
 
 // Functions are the functions' entry points (pipeline.Functions).
@@ -269,7 +295,7 @@ var Functions = func() []string {
 }()
 
 // routes are Eventarc's routes of the wiring table (pipeline.Functions), to
-// the functions' targets by entry point, with the topic each route's push
+// the functions' targets by entry point, with the topic each route's
 // subscription reads: a Pub/Sub trigger's own topic, or the topic of the
 // intake bucket's object notifications. (The checkpoint buckets reach
 // Monitor through the marks topic: markNotifications.)

@@ -108,8 +108,8 @@ func trim(v float64) string {
 func main() {
 	runsN := flag.Int("runs", 100, "runs for the latency figures")
 	lanes := flag.Int("lanes", 4, "clusters the latency runs share, one run at a time on each")
-	burst := flag.Int("burst", 500, "specs uploaded at once for the throughput figures")
-	burstClusters := flag.Int("burst-clusters", 10, "clusters the burst's specs spread over")
+	burst := flag.Int("burst", 2000, "specs uploaded at once for each throughput burst")
+	burstClusters := flag.Int("burst-clusters", 10, "clusters the first burst's specs spread over (the second puts them all on one)")
 	sweepN := flag.Int("sweep", 1000, "active runs the sweep figures sweep")
 	footprintN := flag.Int("footprint-trials", 5, "process starts per function for the footprint figures")
 	only := flag.String("only", "footprint,cost,latency,sweep,throughput", "sections to run, comma-separated")
@@ -172,7 +172,12 @@ func run(ctx context.Context, repo string, runsN, lanes, burst, burstClusters, s
 		{"cost", b.cost},
 		{"latency", func() error { return b.latency(runsN, lanes) }},
 		{"sweep", func() error { return b.sweep(sweepN) }},
-		{"throughput", func() error { return b.throughput(burst, burstClusters) }},
+		{"throughput", func() error {
+			if err := b.throughput(burst, burstClusters, "tp"); err != nil {
+				return err
+			}
+			return b.throughput(burst, 1, "tp1")
+		}},
 	}
 	for _, s := range steps {
 		if !slices.Contains(sections, s.name) {
@@ -184,6 +189,9 @@ func run(ctx context.Context, repo string, runsN, lanes, burst, burstClusters, s
 			return fmt.Errorf("%s: %w (local cloud logs in %s)", s.name, err, logDir)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s took %.0f s\n", s.name, time.Since(t0).Seconds())
+	}
+	if err := b.writeRate(); err != nil {
+		return err
 	}
 	b.print(os.Stdout)
 	if jsonOut != "" {
