@@ -1,70 +1,91 @@
 package faults
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 )
 
-// TestLimitWrites: a second successful write of one resource within the
-// interval is refused with 429, from any client; a failed write does not
-// count, other resources and reads are not limited, and after the interval
-// the resource may be written again.
-func TestLimitWrites(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/fail") {
-			w.WriteHeader(http.StatusPreconditionFailed)
-		}
+func newProxy(t *testing.T) (*Proxy, string, *int) {
+	t.Helper()
+	hits := 0
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		_, _ = io.WriteString(w, r.Method+" "+r.URL.Path)
 	}))
-	defer srv.Close()
-	p, err := New("svc", srv.URL, nil)
+	t.Cleanup(svc.Close)
+	p, err := New("svc", svc.URL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	const every = 300 * time.Millisecond
-	p.LimitWrites(every, func(_, path string) string { return strings.TrimSuffix(path, "/fail") }, func(k string) string { return "slow down " + k })
-	a, _ := p.Door("a")
-	b, _ := p.Door("b")
-	do := func(door, method, path string) int {
-		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+door+path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode
+	t.Cleanup(p.Close)
+	addr, err := p.Door("fn")
+	if err != nil {
+		t.Fatal(err)
 	}
-	steps := []struct {
-		door, method, path string
-		want               int
-	}{
-		{a, "PUT", "/x/fail", http.StatusPreconditionFailed}, // failed: not counted
-		{a, "PUT", "/x", http.StatusOK},
-		{b, "PUT", "/x", http.StatusTooManyRequests}, // another client, same object
-		{a, "PUT", "/x/fail", http.StatusTooManyRequests},
-		{a, "GET", "/x", http.StatusOK},
-		{b, "PUT", "/y", http.StatusOK},
+	return p, "http://" + addr, &hits
+}
+
+func do(t *testing.T, method, url string) (int, string, error) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		return 0, "", err
 	}
-	for i, s := range steps {
-		if got := do(s.door, s.method, s.path); got != s.want {
-			t.Errorf("step %d %s %s: %d, want %d", i, s.method, s.path, got, s.want)
-		}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+func TestForwardsAndRecords(t *testing.T) {
+	p, base, hits := newProxy(t)
+	var hooked []Request
+	p.SetHook(func(r Request) { hooked = append(hooked, r) })
+	code, body, err := do(t, http.MethodPut, base+"/a/b")
+	if err != nil || code != 200 || body != "PUT /a/b" || *hits != 1 {
+		t.Fatalf("code %d body %q err %v hits %d", code, body, err, *hits)
 	}
-	time.Sleep(every)
-	if got := do(b, "PUT", "/x"); got != http.StatusOK {
-		t.Errorf("write after the interval: %d, want 200", got)
+	got := p.Requests()
+	if len(got) != 1 || got[0].Client != "fn" || !got[0].Write || got[0].Status != 200 || got[0].Injected {
+		t.Fatalf("recorded %+v", got)
 	}
-	refused := 0
-	for _, r := range p.Requests() {
-		if r.Injected && r.Status == http.StatusTooManyRequests {
-			refused++
-		}
+	if len(hooked) != 1 || hooked[0].Path != "/a/b" {
+		t.Fatalf("hook saw %+v", hooked)
 	}
-	if refused != 2 {
-		t.Errorf("%d refusals recorded, want 2", refused)
+}
+
+func TestConflictShare(t *testing.T) {
+	p, base, hits := newProxy(t)
+	p.SetConflictShare(1)
+	code, body, err := do(t, http.MethodPost, base+"/apis/x/v1/namespaces/default/things")
+	if err != nil || code != http.StatusConflict || !strings.Contains(body, `"reason":"Conflict"`) || *hits != 0 {
+		t.Fatalf("code %d body %q err %v hits %d", code, body, err, *hits)
+	}
+	if code, _, _ := do(t, http.MethodGet, base+"/x"); code != 200 {
+		t.Errorf("a read got %d: only writes get conflicts", code)
+	}
+	p.SetConflictShare(0)
+	if code, _, _ := do(t, http.MethodPost, base+"/x"); code != 200 {
+		t.Errorf("share 0: write got %d", code)
+	}
+	if r := p.Requests(); len(r) != 3 || !r[0].Injected || r[1].Injected {
+		t.Errorf("recorded %+v", r)
+	}
+}
+
+func TestDownAndUp(t *testing.T) {
+	p, base, _ := newProxy(t)
+	p.Down()
+	if _, _, err := do(t, http.MethodGet, base+"/x"); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("while down: err %v, want connection refused", err)
+	}
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, err := do(t, http.MethodGet, base+"/x"); err != nil || code != 200 {
+		t.Fatalf("after up: %d %v", code, err)
 	}
 }
