@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -33,15 +34,33 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	}
 	busy := map[string]bool{}
 	var todo []string
+	queued := map[string][]string{} // by cluster, namespace/name
 	for _, s := range sums {
 		if !s.Phase.Terminal() { // an unknown phase counts as busy: it keeps its workers
 			busy[s.Cluster] = true
 		}
-		if s.Phase.Active() || s.Unannounced || !s.Phase.Known() {
+		switch {
+		case s.Phase == runs.Queued && !s.CancelRequested:
+			queued[s.Cluster] = append(queued[s.Cluster], s.RunID)
+		case s.Phase.Active() || s.Unannounced || !s.Phase.Known():
 			todo = append(todo, s.RunID) // an unknown phase fails its check, which is logged
 		}
 	}
-	errs := h.checkAll(ctx, todo, jobs)
+	var errs []error
+	// A queued run needs the sweep only when its cluster is stuck: one look
+	// per cluster, not per run (thousands of runs may wait).
+	for cluster, ids := range queued {
+		ns, name, _ := strings.Cut(cluster, "/")
+		stuck, err := h.stuck(ctx, ns, name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if stuck {
+			todo = append(todo, ids...)
+		}
+	}
+	errs = append(errs, h.checkAll(ctx, todo, jobs)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {
 		errs = append(errs, err)
@@ -111,6 +130,35 @@ func (h *Handler) checkAll(ctx context.Context, runIDs []string, jobs map[string
 	return errs
 }
 
+// stuck reports whether the runs queued on a cluster need the sweep: the
+// cluster is free, or its holder is gone (holderGone), or was handed the
+// cluster and never started (its handing over died before it).
+func (h *Handler) stuck(ctx context.Context, namespace, cluster string) (bool, error) {
+	lease, err := h.Deps.Leases.Get(ctx, namespace, cluster)
+	if err != nil || lease.Holder == "" {
+		return err == nil, err
+	}
+	holder, err := h.Deps.Runs.Get(ctx, lease.Holder)
+	if err == nil && (holder.Phase == runs.Queued || holder.Phase == runs.Accepted) {
+		return true, nil
+	}
+	return h.holderGone(lease, holder, err)
+}
+
+// holderGone reports, from the lease and the read of its holder's record,
+// whether the holder has ended (or has had no record for
+// HolderWithoutRecord) without handing the cluster over.
+func (h *Handler) holderGone(lease *pipeline.Lease, holder *runs.Record, err error) (bool, error) {
+	switch {
+	case errors.Is(err, runs.ErrNotFound):
+		// Its delivery may be creating its record.
+		return h.Deps.Time().Sub(lease.Updated) > pipeline.HolderWithoutRecord, nil
+	case err != nil:
+		return false, err
+	}
+	return holder.Phase.Terminal(), nil
+}
+
 // readmit gives a queued (or stalled accepted) run the cluster when its
 // holder is gone.
 func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
@@ -121,19 +169,13 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 	}
 	if lease.Holder != "" && lease.Holder != rec.RunID {
 		holder, err := d.Runs.Get(ctx, lease.Holder)
-		gone := errors.Is(err, runs.ErrNotFound) && d.Time().Sub(lease.Updated) > pipeline.HolderWithoutRecord
-		switch {
-		case gone || err == nil && holder.Phase.Terminal():
-			d.Log.Warn("lease_released", "cluster", rec.Cluster, "holder", lease.Holder, "why", "holder ended")
-			if _, _, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, lease.Holder); err != nil {
-				return err
-			}
-		case errors.Is(err, runs.ErrNotFound):
-			return nil // its delivery may be creating its record
-		case err != nil:
+		gone, err := h.holderGone(lease, holder, err)
+		if err != nil || !gone {
+			return err // the holder is still at work, or its record is being created
+		}
+		d.Log.Warn("lease_released", "cluster", rec.Cluster, "holder", lease.Holder, "why", "holder ended")
+		if _, _, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, lease.Holder); err != nil {
 			return err
-		default:
-			return nil // the holder is still at work
 		}
 	}
 	if rec.Phase == runs.Queued {

@@ -33,6 +33,7 @@ const (
 	metaPhase       = "raydrop-phase"
 	metaCluster     = "raydrop-cluster"
 	metaUnannounced = "raydrop-unannounced"
+	metaCancel      = "raydrop-cancel-requested"
 )
 
 // ObjectName is the name of a run's record.
@@ -65,6 +66,8 @@ type Summary struct {
 	// Unannounced: the run has ended but its terminal event has not gone
 	// out (Record.Unannounced).
 	Unannounced bool
+	// CancelRequested: the run's cancellation is requested.
+	CancelRequested bool
 }
 
 // Create writes a new record; ErrExists if the run already has one.
@@ -133,7 +136,7 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 			continue
 		}
 		out = append(out, Summary{RunID: id, Phase: Phase(a.Metadata[metaPhase]), Cluster: a.Metadata[metaCluster], Updated: a.Updated,
-			Unannounced: a.Metadata[metaUnannounced] == "true"})
+			Unannounced: a.Metadata[metaUnannounced] == "true", CancelRequested: a.Metadata[metaCancel] == "true"})
 	}
 }
 
@@ -147,6 +150,9 @@ func meta(r *Record) map[string]string {
 	m := map[string]string{metaPhase: string(r.Phase), metaCluster: cluster}
 	if r.Unannounced() {
 		m[metaUnannounced] = "true"
+	}
+	if r.CancelRequested {
+		m[metaCancel] = "true"
 	}
 	return m
 }

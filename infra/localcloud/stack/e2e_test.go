@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/cli"
@@ -39,7 +41,7 @@ var (
 func TestMain(m *testing.M) {
 	ctx := context.Background()
 	var err error
-	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, DefaultSim: "step=400ms", Progress: os.Stderr})
+	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, DefaultSim: "step=400ms", Progress: os.Stderr, Race: true})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start local cloud: %v\n", err)
 		os.Exit(1)
@@ -67,6 +69,12 @@ func TestMain(m *testing.M) {
 			_ = os.Setenv(k, v)
 		}
 		code := m.Run()
+		// The functions run under the race detector, each serving many
+		// events at once: a race, or any other death, ends its process.
+		if exits := st.Exits(); len(exits) > 0 {
+			fmt.Fprintf(os.Stderr, "function processes died on their own: %v\n", exits)
+			code = 1
+		}
 		if code != 0 {
 			st.KeepState()
 			fmt.Fprintf(os.Stderr, "local cloud logs kept in %s\n", st.StateDir())
@@ -414,6 +422,61 @@ func TestQueueOnOneCluster(t *testing.T) {
 		t.Errorf("events %+v", evs)
 	}
 	waitNoWorkers(t, "e2e-queue")
+}
+
+// TestBurstServedAtOnce uploads 24 specs at once over 6 clusters: the
+// local Eventarc delivers the intake events to Provision many at once, as
+// Cloud Run's concurrency does, and the functions (built with the race
+// detector, which would end a process at its first data race: TestMain
+// checks that none died) admit every run once, queue the rest, and run them
+// all to success.
+func TestBurstServedAtOnce(t *testing.T) {
+	type span struct{ start, end time.Time }
+	var mu sync.Mutex
+	var spans []span
+	st.Adapter.Observe(func(d eventarc.Delivery) {
+		if d.Route == "provision-intake" && d.Outcome == eventarc.Delivered {
+			mu.Lock()
+			spans = append(spans, span{d.Start, d.Start.Add(d.Took)})
+			mu.Unlock()
+		}
+	})
+	defer st.Adapter.Observe(nil)
+	const n, clusters = 24, 6
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ids[i] = upload(t, fmt.Sprintf("burst-%02d", i), specFor(t, fmt.Sprintf("e2e-burst-%d", i%clusters), nil), "steps=1,step=100ms")
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if r := waitPhase(t, id, 240*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled); r.Phase != runs.Succeeded {
+			t.Errorf("run %s ended %s: %s", id, r.Phase, r.Message)
+		}
+	}
+	for _, id := range ids {
+		if evs := eventsOf(t, id); count(evs, "accepted") != 1 || terminalEvents(evs) != 1 {
+			t.Errorf("run %s: events %+v, want one accepted and one terminal", id, evs)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	most := 0
+	for _, a := range spans {
+		open := 0
+		for _, b := range spans {
+			if !b.start.After(a.start) && b.end.After(a.start) {
+				open++
+			}
+		}
+		most = max(most, open)
+	}
+	if most < 4 {
+		t.Errorf("at most %d intake events were delivered to Provision at once, want several (the emulator's push alone allows 2)", most)
+	}
+	t.Logf("%d intake deliveries, at most %d at once", len(spans), most)
 }
 
 // TestLostFinishedMessage loses the next finished message (Eventarc

@@ -80,6 +80,10 @@ type Options struct {
 	Log        *slog.Logger
 	// Progress, when set, receives one line per start-up step.
 	Progress io.Writer
+	// Race builds the functions with the race detector, which ends a
+	// function's process at the first data race it sees (Exits lists it):
+	// the handlers serve many events at once, as deployed.
+	Race bool
 }
 
 // Stack is a running local cloud.
@@ -151,7 +155,11 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	t0 := time.Now()
 	bin := filepath.Join(o.StateDir, "functions")
 	s.step("building the functions from %s (as the Go buildpack does)", o.Repo)
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/functions")
+	args := []string{"build", "-o", bin}
+	if o.Race {
+		args = append(args, "-race")
+	}
+	build := exec.CommandContext(ctx, "go", append(args, "./cmd/functions")...)
 	build.Dir = o.Repo
 	build.Env = append(os.Environ(), BuildEnv...)
 	if out, err := build.CombinedOutput(); err != nil {
@@ -363,7 +371,7 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	if err := writeProxyKubeconfig(kubeconfig, "http://"+kubeDoor); err != nil {
 		return nil, err
 	}
-	f.env = append(os.Environ(), "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
+	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
 		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace)

@@ -392,7 +392,7 @@ func (b *bench) throughput(n, clusters int, tag string) error {
 			defer func() { <-sem }()
 			data, err := probe.Spec(b.spec, fmt.Sprintf("bench-%s-%d", tag, i%clusters), output, nil)
 			if err == nil {
-				ids[i], err = probe.Upload(ctx, b.st, fmt.Sprintf("burst-%s-%04d", tag, i), data, "steps=600,step=1s")
+				ids[i], err = probe.Upload(ctx, b.st, fmt.Sprintf("burst-%s-%04d", tag, i), data, "steps=1,step=10m")
 			}
 			if err != nil {
 				mu.Lock()
@@ -428,7 +428,7 @@ func (b *bench) throughput(n, clusters int, tag string) error {
 			admittedAt = time.Since(t0)
 			break
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(time.Second) // each look lists every record: not too often
 	}
 	dups := 0
 	for _, id := range ids {
