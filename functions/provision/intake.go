@@ -1,0 +1,124 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// intake records a new run (REJECTED for a bad spec), announces it, and
+// takes the cluster or queues behind its holder; a redelivery carries on
+// where an earlier delivery stopped (resume).
+func (h *Handler) intake(ctx context.Context, runID, source, defaultName string, data []byte, size int64) error {
+	d := h.Deps
+	rec, err := d.Runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		return h.admitNew(ctx, newRecord(runID, source, defaultName, data, size, d.Config, d.Time()))
+	}
+	if err != nil {
+		return err
+	}
+	return h.resume(ctx, rec)
+}
+
+// admitNew admits a new run with two writes of its record, the least Cloud
+// Storage's rate of one write per second to an object makes slow: it takes
+// the cluster (or queues) first, then creates the record already
+// PROVISIONED (or QUEUED), holding the claims to its events (accepted, and
+// queued), publishes them, sends the provisioned message, and records the
+// events published. Everything before the record exists is idempotent,
+// keyed by the run ID: a delivery that dies there leaves a lease or a
+// waiting object a redelivery finds as its own (and the sweep releases a
+// lease whose holder has no record). One that dies after leaves the record
+// for the redelivery (resume) or the sweep.
+func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
+	d := h.Deps
+	now := d.Time()
+	holder := ""
+	if rec.Phase == runs.Accepted {
+		lease, err := d.Leases.Acquire(ctx, rec.Namespace, rec.Cluster, rec.RunID)
+		if err != nil {
+			return err
+		}
+		if lease.Holder == rec.RunID {
+			if err := d.EnsureResources(ctx, rec); err != nil {
+				return err
+			}
+			err = rec.MarkProvisioned(runs.Attempt{N: 1, RayJob: names.RayJob(rec.RunID, 1)}, "", now)
+		} else {
+			holder = lease.Holder
+			err = rec.MarkQueued(holder, now)
+		}
+		if err != nil {
+			return pipeline.Permanent(err) // a new record is ACCEPTED: cannot happen
+		}
+	}
+	claimed := pipeline.ClaimPending(rec, now)
+	if rec.Phase == runs.Rejected && rec.Publishing == nil {
+		rec.Publishing = map[runs.Phase]time.Time{runs.Rejected: now}
+		claimed = []runs.Phase{runs.Rejected}
+	}
+	if err := d.Runs.Create(ctx, rec); errors.Is(err, runs.ErrExists) {
+		// A concurrent delivery created it first: carry on from its record.
+		if rec, err = d.Runs.Get(ctx, rec.RunID); err != nil {
+			return err
+		}
+		return h.resume(ctx, rec)
+	} else if err != nil {
+		return err
+	}
+	switch rec.Phase {
+	case runs.Rejected:
+		d.Log.Warn("spec_rejected", "run_id", rec.RunID, "source", rec.Source, "problems", len(rec.Problems), "message", rec.Message)
+	case runs.Queued:
+		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
+		d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", holder)
+	default:
+		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
+		d.Log.Info("attempt_started", "run_id", rec.RunID, "attempt", 1, "resume_from", "")
+	}
+	if err := d.Publish(ctx, rec, claimed, now); err != nil {
+		return err
+	}
+	// The next step goes before the published mark: the mark is a second
+	// write of the record, which waits for the rest of the second.
+	var sent error
+	if rec.Phase == runs.Provisioned {
+		sent = d.Send(ctx, d.Config.Topics.Provisioned, pipeline.Step{RunID: rec.RunID, Attempt: 1})
+	}
+	_, err := d.MarkPublished(ctx, rec.RunID, claimed)
+	return errors.Join(sent, err)
+}
+
+// resume carries on with a run an earlier delivery recorded: it announces
+// what that delivery did not, and admits a run it did not admit.
+func (h *Handler) resume(ctx context.Context, rec *runs.Record) error {
+	d := h.Deps
+	if rec.Phase == runs.Rejected {
+		_, err := d.Announce(ctx, rec, runs.Rejected)
+		return err
+	}
+	if rec.Phase != runs.Accepted {
+		// Admitted by an earlier delivery: publish what it did not. A run
+		// it left PROVISIONED is sent on by the sweep (StaleStep).
+		_, err := d.Advance(ctx, rec.RunID, func(*runs.Record) error { return runs.ErrNoChange })
+		return err
+	}
+	rec, err := d.Advance(ctx, rec.RunID, func(*runs.Record) error { return runs.ErrNoChange })
+	if err != nil {
+		return err
+	}
+	if !rec.WasPublished(runs.Accepted) {
+		// Another delivery is publishing it: this one is retried.
+		return fmt.Errorf("run %s: its accepted event is being published by another delivery", rec.RunID)
+	}
+	if rec.Phase != runs.Accepted {
+		return nil
+	}
+	return d.Admit(ctx, rec)
+}
