@@ -67,7 +67,7 @@ func (b *bench) footprint(trials int) error {
 	body := fmt.Sprintf(`{"bucket": %q, "name": "bench/footprint.json", "generation": "1", "size": "2"}`, stack.IntakeBucket)
 	var rStart, mStart, rRSS, mRSS, rAnon, mAnon []float64
 	for range trials {
-		d, mem, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s"), event, body)
+		d, mem, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_OUTPUT_BUCKETS="+output, "RAYDROP_NAMESPACES="+stack.Namespace), event, body)
 		if err != nil {
 			return fmt.Errorf("raydrop function: %w", err)
 		}
