@@ -59,7 +59,7 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 		}
 	}
 	claimed := pipeline.ClaimPending(rec, now)
-	if rec.Phase == runs.Rejected && rec.Publishing == nil {
+	if rec.Phase == runs.Rejected { // terminal: ClaimPending leaves it
 		rec.Publishing = map[runs.Phase]time.Time{runs.Rejected: now}
 		claimed = []runs.Phase{runs.Rejected}
 	}
@@ -103,22 +103,16 @@ func (h *Handler) resume(ctx context.Context, rec *runs.Record) error {
 		_, err := d.Announce(ctx, rec, runs.Rejected)
 		return err
 	}
-	if rec.Phase != runs.Accepted {
-		// Admitted by an earlier delivery: publish what it did not. A run
-		// it left PROVISIONED is sent on by the sweep (StaleStep).
-		_, err := d.Advance(ctx, rec.RunID, func(*runs.Record) error { return runs.ErrNoChange })
-		return err
-	}
+	// Publish what an earlier delivery did not.
 	rec, err := d.Advance(ctx, rec.RunID, func(*runs.Record) error { return runs.ErrNoChange })
-	if err != nil {
+	if err != nil || rec.Phase != runs.Accepted {
+		// Admitted by an earlier delivery; a run it left PROVISIONED is
+		// sent on by the sweep (StaleStep).
 		return err
 	}
 	if !rec.WasPublished(runs.Accepted) {
 		// Another delivery is publishing it: this one is retried.
 		return fmt.Errorf("run %s: its accepted event is being published by another delivery", rec.RunID)
-	}
-	if rec.Phase != runs.Accepted {
-		return nil
 	}
 	return d.Admit(ctx, rec)
 }

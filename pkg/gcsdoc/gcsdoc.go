@@ -147,8 +147,14 @@ func Write(ctx context.Context, obj *storage.ObjectHandle, v any, cond storage.C
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", obj.ObjectName(), err)
 	}
+	return resendRateLimited(ctx, func() error { return write(ctx, obj, b, cond, metadata) })
+}
+
+// resendRateLimited calls send until Cloud Storage stops refusing it for
+// the object's write rate (429), WriteInterval apart, a few times at most.
+func resendRateLimited(ctx context.Context, send func() error) error {
 	for i := 0; ; i++ {
-		err := write(ctx, obj, b, cond, metadata)
+		err := send()
 		if !IsRateLimited(err) || i == rateLimitedTries-1 {
 			return err
 		}
@@ -188,20 +194,15 @@ func write(ctx context.Context, obj *storage.ObjectHandle, b []byte, cond storag
 // delete refused for the object's write rate (429) is sent again, as in
 // Write.
 func Delete(ctx context.Context, obj *storage.ObjectHandle) error {
-	for i := 0; ; i++ {
+	err := resendRateLimited(ctx, func() error {
 		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
-		err := obj.Delete(cctx)
-		cancel()
-		switch {
-		case err == nil || errors.Is(err, storage.ErrObjectNotExist):
-			return nil
-		case !IsRateLimited(err) || i == rateLimitedTries-1:
-			return fmt.Errorf("delete %s: %w", obj.ObjectName(), err)
-		}
-		if err := sleep(ctx, WriteInterval+rand.N(paceJitter)); err != nil {
-			return err
-		}
+		defer cancel()
+		return obj.Delete(cctx)
+	})
+	if err == nil || errors.Is(err, storage.ErrObjectNotExist) {
+		return nil
 	}
+	return fmt.Errorf("delete %s: %w", obj.ObjectName(), err)
 }
 
 // IsPrecondition reports whether err is Cloud Storage's 412.

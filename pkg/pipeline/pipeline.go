@@ -244,17 +244,8 @@ func (d *Deps) Publish(ctx context.Context, rec *runs.Record, phases []runs.Phas
 			err = d.Publisher.Publish(pctx, d.Config.Topics.Events, e.Data(), events.PubSubAttributes(e))
 		}
 		if err != nil {
-			done, left := phases[:i], phases[i:]
-			_, _ = d.Runs.Update(ctx, rec.RunID, func(cur *runs.Record) error {
-				for _, q := range done {
-					cur.MarkPublished(q)
-					delete(cur.Publishing, q)
-				}
-				for _, q := range left {
-					delete(cur.Publishing, q) // let the redelivery try again at once
-				}
-				return nil
-			})
+			// The claims of those not published are given up at once.
+			_, _ = d.settle(ctx, rec.RunID, phases[:i], phases[i:])
 			return fmt.Errorf("publish %s event of run %s: %w", p.Event(), rec.RunID, err)
 		}
 		d.Log.Info("event_published", "run_id", rec.RunID, "type", e.Type())
@@ -264,9 +255,18 @@ func (d *Deps) Publish(ctx context.Context, rec *runs.Record, phases []runs.Phas
 
 // MarkPublished records that the events of phases have gone out.
 func (d *Deps) MarkPublished(ctx context.Context, runID string, phases []runs.Phase) (*runs.Record, error) {
+	return d.settle(ctx, runID, phases, nil)
+}
+
+// settle ends this delivery's claims in one write: the events of published
+// have gone out, those of released may be published by anyone.
+func (d *Deps) settle(ctx context.Context, runID string, published, released []runs.Phase) (*runs.Record, error) {
 	return d.Runs.Update(ctx, runID, func(cur *runs.Record) error {
-		for _, p := range phases {
+		for _, p := range published {
 			cur.MarkPublished(p)
+			delete(cur.Publishing, p)
+		}
+		for _, p := range released {
 			delete(cur.Publishing, p)
 		}
 		return nil

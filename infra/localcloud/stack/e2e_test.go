@@ -17,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/cli"
@@ -431,17 +430,8 @@ func TestQueueOnOneCluster(t *testing.T) {
 // checks that none died) admit every run once, queue the rest, and run them
 // all to success.
 func TestBurstServedAtOnce(t *testing.T) {
-	type span struct{ start, end time.Time }
-	var mu sync.Mutex
-	var spans []span
-	st.Adapter.Observe(func(d eventarc.Delivery) {
-		if d.Route == "provision-intake" && d.Outcome == eventarc.Delivered {
-			mu.Lock()
-			spans = append(spans, span{d.Start, d.Start.Add(d.Took)})
-			mu.Unlock()
-		}
-	})
-	defer st.Adapter.Observe(nil)
+	watch := probe.WatchDeliveries(st, "provision-intake")
+	defer watch.Stop()
 	const n, clusters = 24, 6
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -461,22 +451,11 @@ func TestBurstServedAtOnce(t *testing.T) {
 			t.Errorf("run %s: events %+v, want one accepted and one terminal", id, evs)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	most := 0
-	for _, a := range spans {
-		open := 0
-		for _, b := range spans {
-			if !b.start.After(a.start) && b.end.After(a.start) {
-				open++
-			}
-		}
-		most = max(most, open)
-	}
+	delivered, most, _ := watch.Stop()
 	if most < 4 {
 		t.Errorf("at most %d intake events were delivered to Provision at once, want several (the emulator's push alone allows 2)", most)
 	}
-	t.Logf("%d intake deliveries, at most %d at once", len(spans), most)
+	t.Logf("%d intake deliveries, at most %d at once", delivered, most)
 }
 
 // TestLostFinishedMessage loses the next finished message (Eventarc

@@ -21,7 +21,6 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
-	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
@@ -371,16 +370,8 @@ func (b *bench) throughput(n, clusters int, tag string) error {
 	ids := make([]string, n)
 	// What Eventarc delivered to Provision meanwhile: how many at once, and
 	// how long Provision took with each.
-	var spans []span
-	var spanMu sync.Mutex
-	b.st.Adapter.Observe(func(d eventarc.Delivery) {
-		if d.Route == "provision-intake" && d.Outcome == eventarc.Delivered {
-			spanMu.Lock()
-			spans = append(spans, span{d.Start, d.Start.Add(d.Took)})
-			spanMu.Unlock()
-		}
-	})
-	defer b.st.Adapter.Observe(nil)
+	watch := probe.WatchDeliveries(b.st, "provision-intake")
+	defer watch.Stop()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	var uploadErr error
@@ -439,10 +430,7 @@ func (b *bench) throughput(n, clusters int, tag string) error {
 			dups += k - 1
 		}
 	}
-	spanMu.Lock()
-	inFlight, meanTook := overlap(spans)
-	delivered := len(spans)
-	spanMu.Unlock()
+	delivered, inFlight, meanTook := watch.Stop()
 	note := fmt.Sprintf("%d specs, uploaded in %.1f s by 32 uploaders; Eventarc delivered %d intake events to Provision, at most %d at once, %.0f ms each on average",
 		n, uploaded.Seconds(), delivered, inFlight, meanTook)
 	over := fmt.Sprintf("%d clusters", clusters)
@@ -489,37 +477,6 @@ func objectKind(path string) string {
 		return "run records"
 	}
 	return "other"
-}
-
-type span struct{ start, end time.Time }
-
-// overlap is the most spans open at one time and their mean length (ms).
-func overlap(spans []span) (int, float64) {
-	type edge struct {
-		at    time.Time
-		delta int
-	}
-	var edges []edge
-	total := 0.0
-	for _, s := range spans {
-		edges = append(edges, edge{s.start, 1}, edge{s.end, -1})
-		total += float64(s.end.Sub(s.start).Microseconds()) / 1000
-	}
-	slices.SortFunc(edges, func(a, b edge) int {
-		if c := a.at.Compare(b.at); c != 0 {
-			return c
-		}
-		return a.delta - b.delta // an end before a start at the same instant
-	})
-	open, most := 0, 0
-	for _, e := range edges {
-		open += e.delta
-		most = max(most, open)
-	}
-	if len(spans) == 0 {
-		return 0, 0
-	}
-	return most, total / float64(len(spans))
 }
 
 func median(v []float64) float64 { return percentile(v, 50) }
