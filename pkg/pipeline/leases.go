@@ -140,6 +140,11 @@ func (l *Leases) Waiting(ctx context.Context, namespace, cluster string) ([]stri
 	if err != nil {
 		return nil, err
 	}
+	return l.waiting(ctx, namespace, cluster, le)
+}
+
+// waiting is Waiting, given the lease as read.
+func (l *Leases) waiting(ctx context.Context, namespace, cluster string, le *Lease) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 4*gcsdoc.CallTimeout)
 	defer cancel()
 	prefix := waitingPrefix(namespace, cluster)
@@ -198,7 +203,7 @@ func (l *Leases) Release(ctx context.Context, namespace, cluster, runID string) 
 	// Acquire), and would otherwise wait for nobody.
 	from := runID
 	for range 2 {
-		waiting, err := l.Waiting(ctx, namespace, cluster)
+		waiting, err := l.waiting(ctx, namespace, cluster, le)
 		if err != nil {
 			return nil, "", err
 		}
