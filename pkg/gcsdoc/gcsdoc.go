@@ -218,12 +218,11 @@ func IsPrecondition(err error) bool {
 // interval has passed, after reading it again.
 func Update[T any](ctx context.Context, obj *storage.ObjectHandle, fn func(doc *T, exists bool) error, meta func(*T) map[string]string) (*T, error) {
 	lost := 0
+	// The exact update time of the generation last asked for, so a read
+	// again after waiting does not ask again.
+	var knownGen int64
+	var knownTime time.Time
 	for lost < tries {
-		if lost > 0 {
-			if err := backoff(ctx, lost-1); err != nil {
-				return nil, err
-			}
-		}
 		var doc T
 		gen, written, err := read(ctx, obj, &doc)
 		exists := err == nil
@@ -235,7 +234,10 @@ func Update[T any](ctx context.Context, obj *storage.ObjectHandle, fn func(doc *
 		} else if err != nil {
 			return nil, err
 		}
-		if recent(written) {
+		switch {
+		case recent(written) && gen == knownGen:
+			written = knownTime
+		case recent(written):
 			// The read's Last-Modified has whole seconds only: ask for the
 			// object's exact update time.
 			a, err := attrs(ctx, obj)
@@ -248,7 +250,7 @@ func Update[T any](ctx context.Context, obj *storage.ObjectHandle, fn func(doc *
 			if a.Generation != gen {
 				continue // written meanwhile: read it again
 			}
-			written = a.Updated
+			written, knownGen, knownTime = a.Updated, gen, a.Updated
 		}
 		if wait := pace(written); wait > 0 {
 			if err := sleep(ctx, wait); err != nil {
@@ -267,6 +269,9 @@ func Update[T any](ctx context.Context, obj *storage.ObjectHandle, fn func(doc *
 		err = Write(ctx, obj, &doc, cond, md)
 		if IsPrecondition(err) {
 			lost++
+			if err := backoff(ctx, lost-1); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if err != nil {
