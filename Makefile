@@ -15,13 +15,17 @@ KUBE_VERSION := v1.34.1
 ETCD_VERSION := v3.6.4
 KUBE_BIN := $(RAYDROP_CACHE)/kube-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
 FAKE_GCS_VERSION := v1.56.1
-FAKE_GCS := $(RAYDROP_CACHE)/bin/fake-gcs-server-$(FAKE_GCS_VERSION)
+# fake-gcs-server is built with the local cloud's indexed in-memory store
+# (infra/tools/fakegcs/backend/memory.go), keyed by that store's hash too.
+FAKE_GCS_STORE := $(shell cat infra/tools/fakegcs/build.sh infra/tools/fakegcs/backend/memory.go | sha256sum | cut -c1-12)
+FAKE_GCS := $(RAYDROP_CACHE)/bin/fake-gcs-server-$(FAKE_GCS_VERSION)-store-$(FAKE_GCS_STORE)
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
 
 # The API tests start etcd and kube-apiserver from here (controller-runtime's envtest).
 export KUBEBUILDER_ASSETS := $(KUBE_BIN)
 export RAYDROP_CACHE
+export RAYDROP_FAKE_GCS := $(FAKE_GCS)
 
 GO_TEST_FLAGS ?= -race -shuffle=on -count=1
 LAYOUT_DIR := $(CURDIR)/.build/trainer-layout
@@ -112,9 +116,13 @@ $(KUBE_BIN)/etcd:
 
 $(FAKE_GCS):
 	@mkdir -p $(dir $@)
-	@echo "tools: building fake-gcs-server $(FAKE_GCS_VERSION) (first time on this machine: about a minute)"
-	cd infra/tools/fakegcs && $(GO) build -trimpath -ldflags=-s -o $@.tmp github.com/fsouza/fake-gcs-server
+	@echo "tools: testing fake-gcs-server $(FAKE_GCS_VERSION) with the local cloud's store, then building it (first time on this machine: about two minutes)"
+	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test && GO=$(GO) ./build.sh $@.tmp
 	@mv $@.tmp $@
+
+.PHONY: fakegcs-test
+fakegcs-test: ## fake-gcs-server's own tests against the local cloud's indexed store (also run whenever the store is built)
+	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test
 
 $(GOLANGCI):
 	@mkdir -p $(dir $@)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"cloud.google.com/go/storage"
@@ -15,16 +16,19 @@ import (
 )
 
 // FakeGCSVersion is the fake-gcs-server release the local cloud runs, built
-// from infra/tools/fakegcs.
+// from infra/tools/fakegcs with the local cloud's indexed in-memory store
+// (infra/tools/fakegcs/backend/memory.go).
 const FakeGCSVersion = "v1.56.1"
 
 // FakeGCSEnv names the environment variable that, when set, gives the path
-// of the fake-gcs-server binary.
+// of the fake-gcs-server binary. The Makefile sets it to the binary it
+// builds.
 const FakeGCSEnv = "RAYDROP_FAKE_GCS"
 
 // FakeGCSBinary returns the fake-gcs-server binary: $RAYDROP_FAKE_GCS, else
-// $RAYDROP_CACHE/bin/fake-gcs-server-<FakeGCSVersion> (RAYDROP_CACHE
-// defaulting to ~/.cache/raydrop, where the Makefile's tools build it).
+// the newest $RAYDROP_CACHE/bin/fake-gcs-server-<FakeGCSVersion>-store-*
+// (RAYDROP_CACHE defaulting to ~/.cache/raydrop), where the Makefile's tools
+// build it, keyed by the store's hash.
 func FakeGCSBinary() (string, error) {
 	if b := os.Getenv(FakeGCSEnv); b != "" {
 		if _, err := os.Stat(b); err != nil {
@@ -40,12 +44,20 @@ func FakeGCSBinary() (string, error) {
 		}
 		cache = filepath.Join(home, ".cache", "raydrop")
 	}
-	b := filepath.Join(cache, "bin", "fake-gcs-server-"+FakeGCSVersion)
-	if _, err := os.Stat(b); err != nil {
-		return "", fmt.Errorf("fake-gcs-server %s not found at %s: run `make tools` in the repository root "+
-			"(it builds infra/tools/fakegcs), or set %s to a fake-gcs-server binary", FakeGCSVersion, b, FakeGCSEnv)
+	pattern := filepath.Join(cache, "bin", "fake-gcs-server-"+FakeGCSVersion+"-store-*")
+	builds, _ := filepath.Glob(pattern)
+	var newest string
+	var newestTime time.Time
+	for _, b := range builds {
+		if fi, err := os.Stat(b); err == nil && !strings.HasSuffix(b, ".tmp") && fi.ModTime().After(newestTime) {
+			newest, newestTime = b, fi.ModTime()
+		}
 	}
-	return b, nil
+	if newest == "" {
+		return "", fmt.Errorf("fake-gcs-server %s not found at %s: run `make tools` in the repository root "+
+			"(it builds infra/tools/fakegcs), or set %s to a fake-gcs-server binary", FakeGCSVersion, pattern, FakeGCSEnv)
+	}
+	return newest, nil
 }
 
 // Storage is a running fake-gcs-server, the Cloud Storage emulator.

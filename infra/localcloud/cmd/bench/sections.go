@@ -431,7 +431,7 @@ func (b *bench) throughput(n, clusters int, tag string) error {
 		}
 	}
 	delivered, inFlight, meanTook := watch.Stop()
-	note := fmt.Sprintf("%d specs, uploaded in %.1f s by 32 uploaders; Eventarc delivered %d intake events to Provision, at most %d at once, %.0f ms each on average",
+	note := fmt.Sprintf("%d specs, uploaded in %.1f s by 32 uploaders; by the last admission, Eventarc had delivered %d intake events to Provision, at most %d at once, %.0f ms each on average",
 		n, uploaded.Seconds(), delivered, inFlight, meanTook)
 	over := fmt.Sprintf("%d clusters", clusters)
 	if clusters == 1 {
