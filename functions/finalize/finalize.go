@@ -7,7 +7,8 @@ package finalize
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -23,65 +24,108 @@ type Handler struct{ Deps *pipeline.Deps }
 // Handle finalizes the run the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	d := h.Deps
-	_, rec, err := d.StepRun(ctx, e)
+	step, rec, err := d.StepRun(ctx, e)
 	if err != nil {
 		return err
 	}
-	switch {
-	case rec.Phase == runs.Finishing:
-		if rec, err = h.conclude(ctx, rec); err != nil {
-			return err
-		}
-	case rec.Unannounced():
-		// An earlier delivery ended it and died before announcing it (the
-		// sweep resends such runs here); finish what it left.
-	default:
+	if rec.Phase != runs.Finishing && !rec.Unannounced() {
+		// Ended and announced; or an earlier delivery ended it and died
+		// before announcing it (the sweep resends such runs here), and
+		// this one finishes what it left.
 		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
 	}
-	// The cluster first, the event last: until the event has gone out the
-	// run is listed as unannounced and the sweep sends it here again, so a
-	// delivery that dies anywhere in between leaves nothing undone.
+	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published)
+	if err != nil {
+		return err
+	}
+	// The cluster first, the events last: until the terminal event has
+	// gone out the run is listed as unannounced and the sweep sends it here
+	// again, so a delivery that dies anywhere in between leaves nothing
+	// undone.
 	if err := h.release(ctx, rec); err != nil {
 		return err
 	}
-	if rec.Phase != runs.Rejected && !rec.WasPublished(runs.Accepted) {
-		// A run cancelled before the delivery that recorded it announced
-		// it: subscribers get accepted before its end, as for every run.
-		if rec, err = d.Announce(ctx, rec, runs.Accepted); err != nil {
-			return err
-		}
+	if _, err := d.PublishClaimed(ctx, rec, owed, claimedAt); err != nil {
+		return err
 	}
-	_, err = d.Announce(ctx, rec, rec.Phase)
-	return err
+	if held {
+		// Another delivery is publishing one of the run's events: try
+		// again later, in case it dies before it has.
+		return fmt.Errorf("run %s: another delivery is announcing one of its events", rec.RunID)
+	}
+	return nil
 }
 
-// conclude discovers the run's checkpoints and writes its terminal record.
-// Results it cannot read (no permission on the bucket, a malformed object)
-// end the run FAILED all the same, so its cluster is released.
-func (h *Handler) conclude(ctx context.Context, rec *runs.Record) (*runs.Record, error) {
-	res := &checkpoints.Result{Checkpoints: []checkpoints.Checkpoint{}}
+// conclude writes the run's terminal record, with the checkpoints it
+// discovers, if an earlier delivery has not; in the same write it records
+// the events the finished message says were published, and claims those
+// the run still owes (pipeline.ClaimOwed), which Handle publishes once the
+// cluster is released. Results it cannot read (no permission on the
+// bucket, a malformed object) end the run FAILED all the same, so its
+// cluster is released.
+func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []runs.Phase) (_ *runs.Record, owed []runs.Phase, held bool, now time.Time, _ error) {
+	var res *checkpoints.Result
 	var unreadable error
+	if rec.Phase == runs.Finishing {
+		var err error
+		res, err = h.discover(ctx, rec)
+		if pipeline.Unreadable(err) {
+			unreadable = err
+		} else if err != nil {
+			return nil, nil, false, now, err
+		}
+	}
+	now = h.Deps.Time()
+	ended := false
+	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		owed, held, ended = nil, false, false
+		changed := false
+		for _, p := range published {
+			if !r.WasPublished(p) {
+				r.MarkPublished(p)
+				delete(r.Publishing, p)
+				changed = true
+			}
+		}
+		if r.Phase == runs.Finishing && res != nil {
+			if err := r.MarkEnded(res, unreadable, now); err != nil {
+				return err
+			}
+			ended = true
+		}
+		if !r.Phase.Terminal() {
+			return pipeline.Permanent(fmt.Errorf("run %s is %s: it has not ended", r.RunID, r.Phase))
+		}
+		owed, held = pipeline.ClaimOwed(r, now)
+		if !changed && !ended && len(owed) == 0 {
+			return runs.ErrNoChange
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, false, now, err
+	}
+	if ended {
+		h.Deps.Log.Info("run_ended", "run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "message", rec.Message, "checkpoints", len(rec.Result.Checkpoints))
+	}
+	return rec, owed, held, now, nil
+}
+
+// discover finds the checkpoints of every attempt of the run. When they
+// cannot be read (pipeline.Unreadable), it returns what it found before
+// with the error.
+func (h *Handler) discover(ctx context.Context, rec *runs.Record) (*checkpoints.Result, error) {
+	res := &checkpoints.Result{Checkpoints: []checkpoints.Checkpoint{}}
 	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
 		bucket, exp := pipeline.Experiment(rec, n)
 		r, err := checkpoints.Discover(ctx, h.Deps.Objects.Bucket(bucket), exp)
-		if pipeline.Unreadable(err) {
-			unreadable = err
-			break
-		}
 		if err != nil {
-			return nil, err
+			return res, err
 		}
 		merge(res, r)
 	}
-	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		return r.MarkEnded(res, unreadable, h.Deps.Time())
-	})
-	if err != nil {
-		return nil, err
-	}
-	h.Deps.Log.Info("run_ended", "run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "message", rec.Message, "checkpoints", len(res.Checkpoints))
-	return rec, nil
+	return res, nil
 }
 
 // merge adds an attempt's result to the run's: every checkpoint, the newest
@@ -124,25 +168,9 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 			return err
 		}
 	}
-	lease, next, err := d.Leases.Release(ctx, rec.Namespace, rec.Cluster, rec.RunID)
+	lease, err := d.PassOn(ctx, rec.Namespace, rec.Cluster, rec.RunID)
 	if err != nil {
 		return err
-	}
-	for next != "" {
-		waiting, err := h.waiting(ctx, next)
-		if err != nil {
-			return err
-		}
-		if waiting {
-			d.Log.Info("cluster_handed_over", "run_id", rec.RunID, "cluster", rec.Cluster, "next_run_id", next)
-			return d.StartAttempt(ctx, next, 1, "", "")
-		}
-		// The next run no longer waits (it ended, cancelled while queued,
-		// or its record is gone): pass the cluster on.
-		d.Log.Info("lease_released", "run_id", next, "cluster", rec.Cluster, "why", "no longer waiting")
-		if lease, next, err = d.Leases.Release(ctx, rec.Namespace, rec.Cluster, next); err != nil {
-			return err
-		}
 	}
 	if lease.Holder != "" {
 		return nil // this run never held the cluster; its holder keeps the workers
@@ -155,18 +183,4 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 		d.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
 	}
 	return nil
-}
-
-// waiting reports whether a run the cluster is handed to can take it: it
-// still waits for it, or has it already. A run that is ending (FINISHING)
-// keeps the lease; its own finalize passes it on.
-func (h *Handler) waiting(ctx context.Context, runID string) (bool, error) {
-	rec, err := h.Deps.Runs.Get(ctx, runID)
-	if errors.Is(err, runs.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return !rec.Phase.Terminal(), nil
 }

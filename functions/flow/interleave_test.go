@@ -193,7 +193,12 @@ func (c *chaos) settle() {
 				}
 			}
 		}
-		if open == 0 && round > 0 {
+		// A lease taken by a run whose intake was lost before it wrote
+		// a record is held until HolderWithoutRecord has passed; then the
+		// sweep takes it back.
+		l := c.rawLease()
+		orphanMayWait := l.Holder != "" && c.now.Sub(l.Updated) <= pipeline.HolderWithoutRecord
+		if open == 0 && round > 0 && !orphanMayWait {
 			c.check()
 			c.checkEnd()
 			return

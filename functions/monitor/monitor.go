@@ -1,14 +1,12 @@
 // Package monitor is the Monitor function. It looks at one run when a
-// submitted message arrives or when the checkpoint bucket announces the
-// trainer's completion mark (its notice: the fast path to finalize), and on every scheduler tick it
-// sweeps all active runs with one LIST of RayJobs, so a run whose message was
-// lost is still driven to its end (sweep.go).
-//
-// Each check reads what it needs (the record, the RayJob, the completion
-// mark), lets Decide judge the run (decide.go, a pure function), and then
-// acts on the decision: it records progress, enforces deadlines, acts on
-// cancellation, retries attempts lost to infrastructure, sends finished runs
-// to finalize and resends stalled steps.
+// submitted message arrives or a checkpoint bucket announces the trainer's
+// completion mark (its notice: the fast path to finalize), and on every
+// tick sweeps all active runs with one LIST of RayJobs, so a run whose
+// message was lost is still driven to its end (sweep.go). Each check reads
+// the record, the RayJob and the completion mark, lets Decide judge the run
+// (decide.go, a pure function), and acts: it records progress, enforces
+// deadlines, acts on cancellation, retries attempts lost to
+// infrastructure, sends finished runs to finalize, resends stalled steps.
 package monitor
 
 import (
@@ -136,18 +134,22 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 				return err
 			}
 		}
-		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, d.Ending)
+		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, d.Ending, nil)
 	case Progress:
 		return h.progress(ctx, rec, files)
 	case Succeed:
 		// A job so short that no check saw it running is recorded as having
-		// run first, so subscribers always get running before succeeded.
+		// run, in the same write: subscribers get running before succeeded.
+		var ran func(*runs.Record)
 		if rec.Phase == runs.Submitted {
-			if err := h.progress(ctx, rec, files); err != nil {
-				return err
+			p := h.latest(ctx, rec, files)
+			ran = func(r *runs.Record) {
+				if r.MarkRunning(rec.Attempt, h.Deps.Time()) == nil && p != nil {
+					r.Progress = p
+				}
 			}
 		}
-		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded})
+		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
 	case Retry:
 		return h.retry(ctx, rec, d.Why, files)
 	}
@@ -157,17 +159,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 // progress records that the attempt runs, with its latest step, epoch and
 // loss, and announces the running phase once.
 func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles) error {
-	var p *runs.Progress
-	if res, err := checkpoints.Discover(ctx, files.store, files.exp); err == nil && res.LastMetrics != nil {
-		m := res.LastMetrics
-		p = &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
-		if l, ok := m["loss"]; ok {
-			p.Loss = &l
-		}
-		if max := rec.Spec.Training.MaxSteps; max > 0 {
-			p.TotalSteps = int64(max)
-		}
-	}
+	p := h.latest(ctx, rec, files)
 	if rec.Phase == runs.Running && !newer(p, rec.Progress) {
 		// Nothing new since the record was read: no second read, no write.
 		_, err := h.Deps.Announce(ctx, rec, runs.Running)
@@ -189,6 +181,23 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 		return nil
 	})
 	return err
+}
+
+// latest is the attempt's progress as its last metrics tell (or nil).
+func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) *runs.Progress {
+	res, err := checkpoints.Discover(ctx, files.store, files.exp)
+	if err != nil || res.LastMetrics == nil {
+		return nil
+	}
+	m := res.LastMetrics
+	p := &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
+	if l, ok := m["loss"]; ok {
+		p.Loss = &l
+	}
+	if max := rec.Spec.Training.MaxSteps; max > 0 {
+		p.TotalSteps = int64(max)
+	}
+	return p
 }
 
 // newer reports whether p tells more than the recorded progress.

@@ -32,10 +32,11 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	busy := map[string]bool{}
+	busy, known := map[string]bool{}, map[string]bool{}
 	var todo []string
 	queued := map[string][]string{} // by cluster, namespace/name
 	for _, s := range sums {
+		known[s.RunID] = true
 		if !s.Phase.Terminal() { // an unknown phase counts as busy: it keeps its workers
 			busy[s.Cluster] = true
 		}
@@ -61,6 +62,7 @@ func (h *Handler) Sweep(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, h.checkAll(ctx, todo, jobs)...)
+	errs = append(errs, h.releaseOrphans(ctx, known, queued)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {
 		errs = append(errs, err)

@@ -48,6 +48,26 @@ type LeaseStore interface {
 	Release(ctx context.Context, namespace, cluster, runID string) (lease *Lease, next string, err error)
 	// Get reads a lease; a cluster nobody has leased has an empty one.
 	Get(ctx context.Context, namespace, cluster string) (*Lease, error)
+	// Held lists the leases that name a holder.
+	Held(ctx context.Context) ([]HeldLease, error)
+}
+
+// HeldLease is a lease that names a holder, as Held lists it.
+type HeldLease struct {
+	Namespace, Cluster, Holder string
+	// Updated is the lease's Updated.
+	Updated time.Time
+}
+
+// The lease object's metadata repeats its holder and Updated, so that Held
+// finds them with listings alone.
+const (
+	metaHolder  = "raydrop-holder"
+	metaUpdated = "raydrop-updated"
+)
+
+func leaseMeta(le *Lease) map[string]string {
+	return map[string]string{metaHolder: le.Holder, metaUpdated: le.Updated.UTC().Format(time.RFC3339Nano)}
 }
 
 // Leases keeps cluster leases in a Cloud Storage bucket.
@@ -111,7 +131,7 @@ func (l *Leases) handTo(ctx context.Context, namespace, cluster, from, next stri
 		le.Queue = slices.DeleteFunc(le.Queue, func(s string) bool { return s == next || s == from })
 		le.Updated = l.Clock.Now()
 		return nil
-	}, nil)
+	}, leaseMeta)
 }
 
 // wait creates runID's waiting object, and reports whether this call
@@ -195,7 +215,7 @@ func (l *Leases) Release(ctx context.Context, namespace, cluster, runID string) 
 			le.Queue = slices.DeleteFunc(le.Queue, func(s string) bool { return s == runID })
 			le.Updated = l.Clock.Now()
 			return nil
-		}, nil)
+		}, leaseMeta)
 		return le, "", err
 	}
 	// Hand over to the first in line; with nobody in line free the cluster,
@@ -239,4 +259,64 @@ func (l *Leases) Get(ctx context.Context, namespace, cluster string) (*Lease, er
 		return nil, err
 	}
 	return &le, nil
+}
+
+// Held implements LeaseStore. It lists each namespace's folder under
+// clusters/ without descending into the clusters' waiting folders, so a
+// sweep pays a listing per namespace however many runs wait. A lease
+// written by an earlier version has no holder metadata and is read.
+func (l *Leases) Held(ctx context.Context) ([]HeldLease, error) {
+	ctx, cancel := context.WithTimeout(ctx, 4*gcsdoc.CallTimeout)
+	defer cancel()
+	namespaces, err := l.list(ctx, "clusters/")
+	if err != nil {
+		return nil, err
+	}
+	var out []HeldLease
+	for _, nsDir := range namespaces {
+		if nsDir.Prefix == "" {
+			continue
+		}
+		objs, err := l.list(ctx, nsDir.Prefix)
+		if err != nil {
+			return nil, err
+		}
+		ns := strings.TrimSuffix(strings.TrimPrefix(nsDir.Prefix, "clusters/"), "/")
+		for _, a := range objs {
+			cluster, ok := strings.CutSuffix(strings.TrimPrefix(a.Name, nsDir.Prefix), ".json")
+			if a.Prefix != "" || !ok {
+				continue
+			}
+			holder, known := a.Metadata[metaHolder]
+			updated, err := time.Parse(time.RFC3339Nano, a.Metadata[metaUpdated])
+			if !known || err != nil {
+				le, err := l.Get(ctx, ns, cluster)
+				if err != nil {
+					return nil, err
+				}
+				holder, updated = le.Holder, le.Updated
+			}
+			if holder != "" {
+				out = append(out, HeldLease{Namespace: ns, Cluster: cluster, Holder: holder, Updated: updated})
+			}
+		}
+	}
+	return out, nil
+}
+
+// list lists one level under prefix: its objects and its folders (as
+// attrs with Prefix set).
+func (l *Leases) list(ctx context.Context, prefix string) ([]*storage.ObjectAttrs, error) {
+	it := l.Bucket.Objects(ctx, &storage.Query{Prefix: prefix, Delimiter: "/"})
+	var out []*storage.ObjectAttrs
+	for {
+		a, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list the cluster leases under %s: %w", prefix, err)
+		}
+		out = append(out, a)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,5 +171,46 @@ func TestLeaseHasOneHolder(t *testing.T) {
 	}
 	if len(holders) != 1 || !holders[le.Holder] || len(waiting) != len(runs)-1 || slices.Contains(waiting, le.Holder) {
 		t.Errorf("holders %v, lease %+v, waiting %v; want one holder, the rest queued", holders, le, waiting)
+	}
+}
+
+// TestLeasesHeld lists the held leases of every namespace, their holders
+// and times read from the listing's metadata, or from the lease itself for
+// a lease of an earlier version; free leases and waiting runs are not
+// listed.
+func TestLeasesHeld(t *testing.T) {
+	l := leases(t)
+	ctx := context.Background()
+	for _, a := range []struct{ ns, cluster, run string }{
+		{"team-a", "c1", "r1"}, {"team-a", "c1", "r2"}, {"team-a", "c2", "r3"}, {"team-b", "c1", "r4"}, {"team-b", "c3", "r5"},
+	} {
+		if _, err := l.Acquire(ctx, a.ns, a.cluster, a.run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := l.Release(ctx, "team-b", "c3", "r5"); err != nil {
+		t.Fatal(err)
+	}
+	earlier := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	legacy := &Lease{Holder: "r6", Queue: []string{"r7"}, Updated: earlier}
+	if err := gcsdoc.Write(ctx, l.object("team-c", "old"), legacy, storage.Conditions{DoesNotExist: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.Held(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := l.Clock.Now()
+	want := []HeldLease{
+		{"team-a", "c1", "r1", now}, {"team-a", "c2", "r3", now}, {"team-b", "c1", "r4", now}, {"team-c", "old", "r6", earlier},
+	}
+	slices.SortFunc(held, func(a, b HeldLease) int { return strings.Compare(a.Namespace+a.Cluster, b.Namespace+b.Cluster) })
+	if len(held) != len(want) {
+		t.Fatalf("Held() = %+v, want %+v", held, want)
+	}
+	for i := range want {
+		if held[i].Namespace != want[i].Namespace || held[i].Cluster != want[i].Cluster || held[i].Holder != want[i].Holder || !held[i].Updated.Equal(want[i].Updated) {
+			t.Errorf("Held()[%d] = %+v, want %+v", i, held[i], want[i])
+		}
 	}
 }

@@ -92,6 +92,11 @@ func DecodeStep(e event.Event) (Step, error) {
 	if msg := spec.CheckRunID(s.RunID); msg != "" {
 		return s, Permanent(fmt.Errorf("message %s names no valid run: runId %s", m.Message.MessageID, msg))
 	}
+	for _, p := range s.Published {
+		if p.Event() == "" {
+			return s, Permanent(fmt.Errorf("message %s: published names %q, a phase without a public event", m.Message.MessageID, p))
+		}
+	}
 	return s, nil
 }
 

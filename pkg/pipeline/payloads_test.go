@@ -2,9 +2,12 @@ package pipeline
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 func stepEvent(t *testing.T, data string) event.Event {
@@ -32,6 +35,10 @@ func TestDecodeStep(t *testing.T) {
 		{`{"runId": "r-1", "attempt": 2}`, Step{RunID: "r-1", Attempt: 2}, true},
 		// A run cancelled while it waited never had an attempt.
 		{`{"runId": "r-1", "attempt": 0}`, Step{RunID: "r-1", Attempt: 0}, true},
+		// The events the sender published for the receiver to record.
+		{`{"runId": "r-1", "attempt": 1, "published": ["RUNNING"]}`, Step{RunID: "r-1", Attempt: 1, Published: []runs.Phase{runs.Running}}, true},
+		{`{"runId": "r-1", "attempt": 1, "published": ["FINISHING"]}`, Step{}, false},
+		{`{"runId": "r-1", "attempt": 1, "published": ["BOGUS"]}`, Step{}, false},
 		{`{"runId": "r-1", "attempt": -1}`, Step{}, false},
 		{`{"runId": "", "attempt": 1}`, Step{}, false},
 		{`{"runId": "../../runs/x", "attempt": 1}`, Step{}, false},
@@ -40,7 +47,7 @@ func TestDecodeStep(t *testing.T) {
 	} {
 		got, err := DecodeStep(stepEvent(t, tc.data))
 		if tc.ok {
-			if err != nil || got != tc.want {
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("DecodeStep(%s) = %+v, %v; want %+v", tc.data, got, err, tc.want)
 			}
 			continue

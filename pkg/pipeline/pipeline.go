@@ -75,6 +75,11 @@ func (d *Deps) Time() time.Time { return d.Clock.Now() }
 type Step struct {
 	RunID   string `json:"runId"`
 	Attempt int    `json:"attempt"`
+	// Published names the events the sender claimed, and published before
+	// sending this message, without recording them published: the
+	// receiver records them in its first write, which saves the sender a
+	// write of the record.
+	Published []runs.Phase `json:"published,omitempty"`
 }
 
 // Send publishes a step message to topic.
@@ -165,6 +170,55 @@ func ClaimPending(r *runs.Record, now time.Time) []runs.Phase {
 		}
 	}
 	return out
+}
+
+// ClaimOwed claims, in the record of an ended run being written, the
+// events it still owes: those of the phases it entered whose event has not
+// gone out, in order, its terminal one last. It stops before one that
+// another delivery holds a fresh claim to (held), so that no event goes
+// out before one the run entered earlier.
+func ClaimOwed(r *runs.Record, now time.Time) (claimed []runs.Phase, held bool) {
+	for _, e := range r.History {
+		if e.Phase.Event() == "" || slices.Contains(claimed, e.Phase) || r.WasPublished(e.Phase) {
+			continue
+		}
+		if !claim(r, e.Phase, now) {
+			return claimed, true
+		}
+		claimed = append(claimed, e.Phase)
+	}
+	return claimed, false
+}
+
+// PublishClaimed publishes the events of phases, which this delivery
+// claimed in rec at claimedAt, in order, and records them published. Work
+// done since the claim (releasing a cluster) may have taken most of
+// ClaimFor: then it renews the claims first, so that no other delivery
+// publishes them meanwhile. It returns the record as last written.
+func (d *Deps) PublishClaimed(ctx context.Context, rec *runs.Record, phases []runs.Phase, claimedAt time.Time) (*runs.Record, error) {
+	if len(phases) == 0 {
+		return rec, nil
+	}
+	if now := d.Time(); now.Sub(claimedAt) > ClaimFor-publishWithin {
+		var err error
+		rec, err = d.Runs.Update(ctx, rec.RunID, func(cur *runs.Record) error {
+			for _, p := range phases {
+				if t, ok := cur.Publishing[p]; !ok || !t.Equal(claimedAt) {
+					return fmt.Errorf("run %s, %s event: %w", cur.RunID, p.Event(), errClaimed)
+				}
+				cur.Publishing[p] = now
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		claimedAt = now
+	}
+	if err := d.Publish(ctx, rec, phases, claimedAt); err != nil {
+		return nil, err
+	}
+	return d.MarkPublished(ctx, rec.RunID, phases)
 }
 
 // Advance changes the run's record with fn and, in the same write, claims

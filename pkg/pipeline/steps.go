@@ -56,13 +56,28 @@ func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
 }
 
 // Finish records how the current attempt ended and sends the run to
-// finalize. It is safe to repeat; only the first outcome counts.
-func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.Ending) error {
+// finalize. It is safe to repeat; only the first outcome counts. before,
+// if not nil, changes the record first, in the same write. That write
+// also claims the events the run owes (ClaimPending); they are published
+// before the finished message goes, and the message names them, so that
+// finalize records them published in the write that ends the run: one
+// write of the record fewer on the way to the terminal event.
+func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.Ending, before func(*runs.Record)) error {
 	if err := e.Check(); err != nil {
 		return Permanent(err)
 	}
+	now := d.Time()
+	var claimed []runs.Phase
 	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
-		return r.MarkFinishing(attempt, e, d.Time())
+		claimed = nil
+		if before != nil {
+			before(r)
+		}
+		if err := r.MarkFinishing(attempt, e, now); err != nil {
+			return err
+		}
+		claimed = ClaimPending(r, now)
+		return nil
 	})
 	if err != nil {
 		return err
@@ -70,8 +85,35 @@ func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.End
 	if rec.Phase != runs.Finishing {
 		return nil
 	}
+	if err := d.Publish(ctx, rec, claimed, now); err != nil {
+		return err
+	}
 	d.Log.Info("run_finishing", "run_id", runID, "attempt", attempt, "outcome", rec.Outcome, "reason", rec.Reason, "message", rec.Message)
-	return d.Send(ctx, d.Config.Topics.Finished, Step{RunID: runID, Attempt: rec.Attempt})
+	return d.Send(ctx, d.Config.Topics.Finished, Step{RunID: runID, Attempt: rec.Attempt, Published: claimed})
+}
+
+// PassOn takes runID off the cluster and hands the cluster to the first
+// waiting run that can take it, starting its first attempt: a run that no
+// longer waits (it ended, or was cancelled while queued, or its record was
+// never written) is passed over. It returns the lease as left, without a
+// holder when nobody took the cluster.
+func (d *Deps) PassOn(ctx context.Context, namespace, cluster, runID string) (*Lease, error) {
+	lease, next, err := d.Leases.Release(ctx, namespace, cluster, runID)
+	for err == nil && next != "" {
+		rec, gerr := d.Runs.Get(ctx, next)
+		switch {
+		case gerr != nil && !errors.Is(gerr, runs.ErrNotFound):
+			return nil, gerr
+		case gerr == nil && !rec.Phase.Terminal():
+			// A run that is ending (FINISHING) keeps the lease; its own
+			// finalize passes it on.
+			d.Log.Info("cluster_handed_over", "run_id", runID, "cluster", namespace+"/"+cluster, "next_run_id", next)
+			return lease, d.StartAttempt(ctx, next, 1, "", "")
+		}
+		d.Log.Info("lease_released", "run_id", next, "cluster", namespace+"/"+cluster, "why", "no longer waiting")
+		lease, next, err = d.Leases.Release(ctx, namespace, cluster, next)
+	}
+	return lease, err
 }
 
 // GetRun reads a record; a run that does not exist is permanent for the
