@@ -29,21 +29,21 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		return err
 	}
 	if rec.Phase != runs.Finishing && !rec.Unannounced() {
-		// Ended and announced; or an earlier delivery ended it and died
-		// before announcing it (the sweep resends such runs here), and
-		// this one finishes what it left.
 		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
 	}
-	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published)
-	if err != nil {
-		return err
-	}
-	// The cluster first, the events last: until the terminal event has
-	// gone out the run is listed as unannounced and the sweep sends it here
-	// again, so a delivery that dies anywhere in between leaves nothing
+	// The cluster first: the job is over, so the next run need not wait
+	// for the results to be read. Then the record (unless an earlier
+	// delivery ended the run and died before announcing it: the sweep
+	// sends such runs here again), the events last: until the terminal
+	// event has gone out the run is listed as unannounced and comes back
+	// here, so a delivery that dies anywhere in between leaves nothing
 	// undone.
 	if err := h.release(ctx, rec); err != nil {
+		return err
+	}
+	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published)
+	if err != nil {
 		return err
 	}
 	if _, err := d.PublishClaimed(ctx, rec, owed, claimedAt); err != nil {
@@ -163,7 +163,7 @@ func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
 	if rec.Cluster == "" {
 		return nil
 	}
-	if rec.Phase == runs.Cancelled && rec.Attempt > 0 {
+	if rec.Outcome == runs.OutcomeCancelled && rec.Attempt > 0 {
 		if err := d.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
 			return err
 		}

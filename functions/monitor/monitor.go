@@ -160,10 +160,8 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 // loss, and announces the running phase once.
 func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles) error {
 	p := h.latest(ctx, rec, files)
-	if rec.Phase == runs.Running && !newer(p, rec.Progress) {
-		// Nothing new since the record was read: no second read, no write.
-		_, err := h.Deps.Announce(ctx, rec, runs.Running)
-		return err
+	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
+		return nil // nothing new since the record was read: no second read, no write
 	}
 	// The move to RUNNING and the claim of its event are one write.
 	attempt := rec.Attempt

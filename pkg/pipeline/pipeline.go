@@ -152,31 +152,22 @@ func claim(r *runs.Record, p runs.Phase, now time.Time) bool {
 }
 
 // ClaimPending claims, in the record being written, the events of the
-// phases the run has entered whose event has not gone out and that no
-// delivery is publishing, terminal phases excepted (finalize announces
-// those once the cluster is released). It returns them in the order the
-// run entered them.
+// phases the run has entered whose event has not gone out, in order
+// (ClaimOwed), unless the run has ended: finalize announces what an ended
+// run still owes, once the cluster is released.
 func ClaimPending(r *runs.Record, now time.Time) []runs.Phase {
 	if r.Phase.Terminal() {
-		return nil // finalize announces what an ended run still owes
+		return nil
 	}
-	var out []runs.Phase
-	for _, e := range r.History {
-		if e.Phase.Event() == "" || e.Phase.Terminal() || slices.Contains(out, e.Phase) {
-			continue
-		}
-		if claim(r, e.Phase, now) {
-			out = append(out, e.Phase)
-		}
-	}
-	return out
+	claimed, _ := ClaimOwed(r, now)
+	return claimed
 }
 
-// ClaimOwed claims, in the record of an ended run being written, the
-// events it still owes: those of the phases it entered whose event has not
-// gone out, in order, its terminal one last. It stops before one that
-// another delivery holds a fresh claim to (held), so that no event goes
-// out before one the run entered earlier.
+// ClaimOwed claims, in the record being written, the events the run owes:
+// those of the phases it entered whose event has not gone out, in order
+// (an ended run's terminal one last). It stops before one that another
+// delivery holds a fresh claim to (held), so that no event goes out before
+// one of a phase the run entered earlier.
 func ClaimOwed(r *runs.Record, now time.Time) (claimed []runs.Phase, held bool) {
 	for _, e := range r.History {
 		if e.Phase.Event() == "" || slices.Contains(claimed, e.Phase) || r.WasPublished(e.Phase) {
