@@ -8,6 +8,7 @@ package finalize
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -45,6 +46,16 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published)
 	if err != nil {
 		return err
+	}
+	// The events of earlier phases are recorded published before the
+	// terminal one goes out, so that a delivery dying after publishing them
+	// leaves no copy of them to follow the terminal event.
+	early := slices.DeleteFunc(slices.Clone(owed), runs.Phase.Terminal)
+	if len(early) > 0 && len(early) < len(owed) {
+		if rec, err = d.PublishClaimed(ctx, rec, early, claimedAt); err != nil {
+			return err
+		}
+		owed = owed[len(early):]
 	}
 	if _, err := d.PublishClaimed(ctx, rec, owed, claimedAt); err != nil {
 		return err

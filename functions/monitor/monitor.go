@@ -134,7 +134,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 				return err
 			}
 		}
-		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, d.Ending, nil)
+		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, d.Ending, nil)
 	case Progress:
 		return h.progress(ctx, rec, files)
 	case Succeed:
@@ -149,7 +149,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 				}
 			}
 		}
-		return h.Deps.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
+		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
 	case Retry:
 		return h.retry(ctx, rec, d.Why, files)
 	}

@@ -29,7 +29,7 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		return nil
 	}
 	if rec.CancelRequested {
-		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the job started"}, nil)
+		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the job started"})
 	}
 	run := manifests.Run{ID: rec.RunID, Attempt: rec.Attempt, Source: rec.Source, SpecHash: rec.SpecHash}
 	if a := rec.CurrentAttempt(); a != nil {

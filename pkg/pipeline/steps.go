@@ -56,33 +56,50 @@ func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
 }
 
 // Finish records how the current attempt ended and sends the run to
-// finalize. It is safe to repeat; only the first outcome counts. before,
-// if not nil, changes the record first, in the same write. That write
-// also claims the events the run owes (ClaimPending); they are published
-// before the finished message goes, and the message names them, so that
-// finalize records them published in the write that ends the run: one
-// write of the record fewer on the way to the terminal event.
-func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.Ending, before func(*runs.Record)) error {
+// finalize. It is safe to repeat; only the first outcome counts.
+func (d *Deps) Finish(ctx context.Context, runID string, attempt int, e runs.Ending) error {
+	return d.finish(ctx, runID, attempt, e, nil, false)
+}
+
+// FinishAnnouncing is Finish for a function that publishes public events
+// (Monitor). before, if not nil, changes the record first, in the same
+// write. That write also claims the events the run owes (ClaimPending);
+// they are published before the finished message goes, and the message
+// names them, so that finalize records them published in the write that
+// ends the run: one write of the record fewer on the way to the terminal
+// event.
+func (d *Deps) FinishAnnouncing(ctx context.Context, runID string, attempt int, e runs.Ending, before func(*runs.Record)) error {
+	return d.finish(ctx, runID, attempt, e, before, true)
+}
+
+func (d *Deps) finish(ctx context.Context, runID string, attempt int, e runs.Ending, before func(*runs.Record), announce bool) error {
 	if err := e.Check(); err != nil {
 		return Permanent(err)
 	}
 	now := d.Time()
 	var claimed []runs.Phase
+	moved := false
 	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
-		claimed = nil
+		claimed, moved = nil, false
 		if before != nil {
 			before(r)
 		}
 		if err := r.MarkFinishing(attempt, e, now); err != nil {
 			return err
 		}
-		claimed = ClaimPending(r, now)
+		if announce {
+			claimed = ClaimPending(r, now)
+		}
+		moved = true
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	if rec.Phase != runs.Finishing {
+	// Another delivery made the run FINISHING: it sends the message, unless
+	// it died before (then its write is older than a live delivery takes
+	// to send: this one sends it, as the sweep would later).
+	if rec.Phase != runs.Finishing || !moved && now.Sub(rec.UpdatedAt) < ClaimFor {
 		return nil
 	}
 	if err := d.Publish(ctx, rec, claimed, now); err != nil {
