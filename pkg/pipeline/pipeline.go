@@ -232,13 +232,10 @@ func (d *Deps) Advance(ctx context.Context, runID string, fn func(*runs.Record) 
 		}
 		return nil
 	})
-	if err != nil || len(claimed) == 0 {
+	if err != nil {
 		return rec, err
 	}
-	if err := d.Publish(ctx, rec, claimed, now); err != nil {
-		return nil, err
-	}
-	return d.MarkPublished(ctx, runID, claimed)
+	return d.PublishClaimed(ctx, rec, claimed, now)
 }
 
 // Announce publishes the public event of phase for the record once. A
@@ -270,10 +267,7 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*run
 	if r.WasPublished(p) {
 		return r, nil
 	}
-	if err := d.Publish(ctx, r, []runs.Phase{p}, now); err != nil {
-		return nil, err
-	}
-	return d.MarkPublished(ctx, r.RunID, []runs.Phase{p})
+	return d.PublishClaimed(ctx, r, []runs.Phase{p}, now)
 }
 
 // Publish publishes the events of phases, which this delivery claimed in
