@@ -123,6 +123,35 @@ func (e *Events) WaitTerminal(runID string, limit, settle time.Duration) ([]Seen
 	return e.Of(runID), fmt.Errorf("no terminal event for run %s within %s", runID, limit)
 }
 
+// WaitPublished waits, up to limit, until the subscriber has seen every
+// event the run's record says was published. Pub/Sub delivers in no
+// particular order, and the emulator redelivers a message whose stream it
+// reset only after the subscription's ack deadline, so an event published
+// a moment before the terminal one may arrive after it.
+func (e *Events) WaitPublished(ctx context.Context, st *stack.Stack, runID string, limit time.Duration) ([]Seen, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		rec, err := Runs(st).Get(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		seen := e.Of(runID)
+		var missing []string
+		for _, p := range rec.Published {
+			if Count(seen, p.Event()) == 0 {
+				missing = append(missing, p.Event())
+			}
+		}
+		if len(missing) == 0 {
+			return seen, nil
+		}
+		if !time.Now().Before(deadline) {
+			return seen, fmt.Errorf("run %s: events %v recorded published, not received within %s", runID, missing, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // Terminal is the first terminal event of evs, or nil.
 func Terminal(evs []Seen) *Seen {
 	for i := range evs {
