@@ -47,32 +47,25 @@ type Events struct {
 // TapEvents subscribes to the events topic (subscription sub) and collects
 // every event until ctx ends.
 func TapEvents(ctx context.Context, st *stack.Stack, sub string) (*Events, error) {
-	if _, err := st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
-		Name: st.PubSub.SubscriptionName(sub), Topic: st.PubSub.TopicName(stack.Topics.Events), AckDeadlineSeconds: 30,
-	}); err != nil {
+	e := &Events{byRun: map[string][]Seen{}, wake: make(chan struct{}, 1)}
+	err := st.PubSub.Tap(ctx, stack.Topics.Events, sub, func(_ context.Context, m *pubsubpb.PubsubMessage) bool {
+		seen := Seen{At: time.Now(), Raw: m.Data}
+		if ev, err := events.FromPubSub(m.Attributes, m.Data); err == nil {
+			seen.ID = ev.ID()
+			_ = json.Unmarshal(ev.Data(), &seen.Run)
+		}
+		e.mu.Lock()
+		e.byRun[seen.RunID] = append(e.byRun[seen.RunID], seen)
+		e.mu.Unlock()
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+		return true
+	})
+	if err != nil {
 		return nil, err
 	}
-	e := &Events{byRun: map[string][]Seen{}, wake: make(chan struct{}, 1)}
-	s := st.PS.Subscriber(sub)
-	s.ReceiveSettings.NumGoroutines = 4
-	go func() {
-		_ = s.Receive(ctx, func(_ context.Context, m *pubsub.Message) {
-			m.Ack()
-			at := time.Now()
-			seen := Seen{At: at, Raw: m.Data}
-			if ev, err := events.FromPubSub(m.Attributes, m.Data); err == nil {
-				seen.ID = ev.ID()
-				_ = json.Unmarshal(ev.Data(), &seen.Run)
-			}
-			e.mu.Lock()
-			e.byRun[seen.RunID] = append(e.byRun[seen.RunID], seen)
-			e.mu.Unlock()
-			select {
-			case e.wake <- struct{}{}:
-			default:
-			}
-		})
-	}()
 	return e, nil
 }
 

@@ -119,10 +119,11 @@ func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Pha
 // schema, and returns them.
 func eventsOf(t *testing.T, runID string) []probe.Seen {
 	t.Helper()
-	if _, err := evs.WaitTerminal(runID, 20*time.Second, 3*time.Second); err != nil {
+	// Longer than the events subscription's ack deadline, should the emulator
+	// hold a delivery until it passes.
+	if _, err := evs.WaitTerminal(runID, 40*time.Second, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// Longer than the events subscription's 30 s ack deadline.
 	seen, err := evs.WaitPublished(context.Background(), st, runID, 40*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -34,21 +34,18 @@ func (s *Stack) markNotifications(ctx context.Context) error {
 	go func() {
 		defer s.wg.Done()
 		defer pub.Stop()
-		_ = s.PS.Subscriber(sub).Receive(ctx, func(ctx context.Context, m *pubsub.Message) {
+		s.PubSub.Pull(ctx, sub, func(ctx context.Context, m *pubsubpb.PubsubMessage) bool {
 			a := m.Attributes
 			if a["eventType"] != "OBJECT_FINALIZE" || !slices.Contains(s.opts.OutputBuckets, a["bucketId"]) || !strings.HasPrefix(a["objectId"], names.NoticePrefix) {
-				m.Ack()
-				return
+				return true
 			}
 			attrs := map[string]string{"notificationConfig": "projects/_/buckets/" + a["bucketId"] + "/notificationConfigs/marks"}
 			for k, v := range a {
 				attrs[k] = v
 			}
-			if _, err := pub.Publish(ctx, &pubsub.Message{Data: m.Data, Attributes: attrs}).Get(ctx); err != nil {
-				m.Nack() // Cloud Storage retries a notification it could not publish
-				return
-			}
-			m.Ack()
+			// Cloud Storage retries a notification it could not publish.
+			_, err := pub.Publish(ctx, &pubsub.Message{Data: m.Data, Attributes: attrs}).Get(ctx)
+			return err == nil
 		})
 	}()
 	return nil

@@ -18,7 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
@@ -177,19 +176,14 @@ func (b *bench) countTopics(ctx context.Context, tag string) (*counter, error) {
 	topics := []string{stack.Topics.Requests, stack.Topics.Provisioned, stack.Topics.Submitted, stack.Topics.Finished, stack.Topics.Events, stack.Topics.Ticks}
 	for _, topic := range topics {
 		sub := "bench-" + tag + "-" + topic
-		if _, err := b.st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
-			Name: b.st.PubSub.SubscriptionName(sub), Topic: b.st.PubSub.TopicName(topic), AckDeadlineSeconds: 30,
+		if err := b.st.PubSub.Tap(ctx, topic, sub, func(context.Context, *pubsubpb.PubsubMessage) bool {
+			c.mu.Lock()
+			c.counts[topic]++
+			c.mu.Unlock()
+			return true
 		}); err != nil {
 			return nil, err
 		}
-		go func() {
-			_ = b.st.PS.Subscriber(sub).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
-				m.Ack()
-				c.mu.Lock()
-				c.counts[topic]++
-				c.mu.Unlock()
-			})
-		}()
 	}
 	return c, nil
 }

@@ -22,7 +22,6 @@ import (
 	"syscall"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -109,18 +108,13 @@ func run(ctx context.Context, args []string) int {
 // demo drops the spec into the intake bucket and follows the run.
 func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) error {
 	sub := "raydrop-events-localcloud"
-	if _, err := st.PS.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
-		Name: st.PubSub.SubscriptionName(sub), Topic: st.PubSub.TopicName(stack.Topics.Events), AckDeadlineSeconds: 30,
+	evs := make(chan *pubsubpb.PubsubMessage, 64)
+	if err := st.PubSub.Tap(ctx, stack.Topics.Events, sub, func(_ context.Context, m *pubsubpb.PubsubMessage) bool {
+		evs <- m
+		return true
 	}); err != nil {
 		return fmt.Errorf("subscribe to events: %w", err)
 	}
-	evs := make(chan *pubsub.Message, 64)
-	go func() {
-		_ = st.PS.Subscriber(sub).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
-			m.Ack()
-			evs <- m
-		})
-	}()
 
 	object := "jobs/" + filepath.Base(specFile)
 	w := st.GCS.Bucket(stack.IntakeBucket).Object(object).NewWriter(ctx)
