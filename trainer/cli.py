@@ -8,10 +8,25 @@ This module imports nothing heavy so that parsing is instant and testable.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 RUN_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+# defaults.json beside this file: the step's shape and the length filter,
+# shared with the job spec (the Go side embeds the same file) and the GPU
+# benchmark, so that what runs is what is measured.
+DEFAULTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults.json")
+
+
+def load_defaults(path: str = DEFAULTS_FILE) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+DEFAULTS = load_defaults()
 
 # Flags whose value changes the trained model. Each default is the better
 # choice; the reference tutorial's behaviour is the other value.
@@ -56,6 +71,13 @@ def _unit_float(value: str) -> float:
     return f
 
 
+def _share(value: str) -> float:
+    f = float(value)
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in [0, 1], got {value!r}")
+    return f
+
+
 def _run_id(value: str) -> str:
     if not RUN_ID_RE.match(value):
         raise argparse.ArgumentTypeError(f"run id must match {RUN_ID_RE.pattern}, got {value!r}")
@@ -83,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quantization", choices=("none", "4bit"), default="none",
                    help="none: bf16 weights; 4bit: bitsandbytes NF4 with double quantisation (QLoRA)")
     g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    g.add_argument("--max-seq-length", type=_positive_int, default=512,
-                   help="samples longer than this (image tokens included) are left out")
+    g.add_argument("--max-seq-length", type=_positive_int, default=DEFAULTS["maxSeqLength"],
+                   help="samples longer than this (image tokens included) are left out and counted")
+    g.add_argument("--max-dropped-share", type=_share, default=DEFAULTS["maxDroppedShare"],
+                   help="fail before training when a larger share of the rows is longer than --max-seq-length")
     g.add_argument("--dataloader-num-workers", type=_non_negative_int, default=4,
                    help="processes decoding images per training worker (0: in the training process)")
 
@@ -104,19 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=float, default=3.0)
     g.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; -1: run --epochs")
-    g.add_argument("--per-device-batch-size", type=_positive_int, default=1)
-    g.add_argument("--gradient-accumulation-steps", type=_positive_int, default=4)
+    g.add_argument("--per-device-batch-size", type=_positive_int, default=DEFAULTS["perDeviceBatchSize"])
+    g.add_argument("--gradient-accumulation-steps", type=_positive_int,
+                   default=DEFAULTS["gradientAccumulationSteps"])
     g.add_argument("--learning-rate", type=float, default=2e-4)
     g.add_argument("--lr-scheduler", default="constant",
                    help="a transformers scheduler name; constant with a warmup ratio means constant_with_warmup")
     g.add_argument("--warmup-ratio", type=_unit_float, default=0.03)
     g.add_argument("--max-grad-norm", type=float, default=0.3)
-    g.add_argument("--gradient-checkpointing", type=parse_bool, default=False)
+    g.add_argument("--gradient-checkpointing", type=parse_bool, default=DEFAULTS["gradientCheckpointing"])
     g.add_argument("--seed", type=int, default=42)
 
     g = p.add_argument_group("logging and checkpoints")
     g.add_argument("--logging-steps", type=_positive_int, default=10)
-    g.add_argument("--save-strategy", choices=("epoch", "steps", "no"), default="epoch")
+    # No "no": the last step is always saved, so every run leaves a model.
+    g.add_argument("--save-strategy", choices=("epoch", "steps"), default="epoch")
     g.add_argument("--save-steps", type=_positive_int, default=100)
 
     g = p.add_argument_group("cluster")

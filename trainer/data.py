@@ -104,11 +104,12 @@ def filter_by_length(dataset, processor, max_length: int):
 
     Truncating a vision-language sample could cut through the image's token
     block (the model then fails on a token/feature count mismatch) or drop the
-    whole answer, so over-long rows are skipped instead.
-    Returns (dataset, number of rows left out).
+    whole answer, so over-long rows are skipped instead, and counted.
+    Returns (dataset, number of rows left out, the longest row's length).
     """
     lengths = sequence_lengths(processor, dataset)
     keep = [i for i, n in enumerate(lengths) if n <= max_length]
+    longest = max(lengths) if lengths else 0
     if not keep:
         raise ValueError(
             f"every row is longer than --max-seq-length {max_length} (shortest {min(lengths) if lengths else 0})"
@@ -116,7 +117,17 @@ def filter_by_length(dataset, processor, max_length: int):
     dropped = len(lengths) - len(keep)
     if dropped:
         dataset = dataset.select(keep)
-    return dataset, dropped
+    return dataset, dropped, longest
+
+
+def label_positions(labels):
+    """The positions whose next token is a target, as flat indices into the
+    (batch * seq) hidden states, and those targets: the LM head runs there
+    only. Computed on the host by the collator, so no boolean mask is
+    resolved on the device."""
+    shift = labels[:, 1:]
+    rows, cols = (shift != IGNORE_INDEX).nonzero(as_tuple=True)
+    return rows * labels.shape[1] + cols, shift[rows, cols]
 
 
 class Collator:
@@ -174,10 +185,13 @@ class Collator:
             attention_mask[i, : len(ids)] = 1
         token_type_ids = (input_ids == self.image_token_id).long()
         pixel_values = self.processor.image_processor(images, return_tensors="pt")["pixel_values"]
+        positions, targets = label_positions(labels)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "token_type_ids": token_type_ids,
             "pixel_values": pixel_values,
             "labels": labels,
+            "label_positions": positions,
+            "label_targets": targets,
         }

@@ -1,18 +1,48 @@
 // Package trainer embeds raydrop's Python trainer so the Go functions can
 // ship it to the cluster in a ConfigMap, and exposes its pinned
-// requirements, the single source of truth for the RayJob runtime env.
+// requirements, the single source of truth for the RayJob runtime env, and
+// its training defaults, the single source of the job spec's.
 package trainer
 
 import (
 	"embed"
+	"encoding/json"
 	"strings"
 )
 
 // Files holds the trainer modules (flat: they are mounted from a ConfigMap
-// at /code/) and requirements.txt.
+// at /code/), defaults.json and requirements.txt.
 //
-//go:embed *.py requirements.txt
+//go:embed *.py defaults.json requirements.txt
 var Files embed.FS
+
+// DefaultsFile is the trainer's defaults, read by the trainer's command
+// line, the job spec and the GPU benchmark alike.
+const DefaultsFile = "defaults.json"
+
+// TrainingDefaults are the defaults that decide a step's cost and which
+// rows train: one fast configuration that every run, the command line and
+// the benchmark share.
+type TrainingDefaults struct {
+	PerDeviceBatchSize        int     `json:"perDeviceBatchSize"`
+	GradientAccumulationSteps int     `json:"gradientAccumulationSteps"`
+	GradientCheckpointing     bool    `json:"gradientCheckpointing"`
+	MaxSeqLength              int     `json:"maxSeqLength"`
+	MaxDroppedShare           float64 `json:"maxDroppedShare"`
+}
+
+// Defaults returns the embedded defaults.json.
+func Defaults() TrainingDefaults {
+	b, err := Files.ReadFile(DefaultsFile)
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	var d TrainingDefaults
+	if err := json.Unmarshal(b, &d); err != nil {
+		panic("trainer/" + DefaultsFile + ": " + err.Error())
+	}
+	return d
+}
 
 // Requirements returns the pinned requirements, one "name==version" each, in
 // file order, without comments or blank lines.

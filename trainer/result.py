@@ -126,10 +126,17 @@ def summarize(rows: List[Dict[str, Any]], trial_uri: Optional[str]) -> Dict[str,
         if "train_runtime" in row:
             final = {k: row[k] for k in FINAL_KEYS if k in row}
             break
+    data = None
+    for row in reversed(rows):
+        if "dataset_rows" in row:
+            data = {"rows": row["dataset_rows"], "droppedRows": row.get("dropped_rows"),
+                    "maxSeqLength": row.get("max_seq_length")}
+            break
     return {
         "checkpoints": checkpoints,
         "latestCheckpoint": checkpoints[-1]["path"] if checkpoints else None,
         "finalMetrics": final,
+        "data": data,
     }
 
 

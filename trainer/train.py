@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                 "error": result.error_text(exc),
                 "experimentPath": result.join(result.normalize_storage_path(args.storage_path), args.experiment_name),
                 "trialPath": None,
-                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {},
+                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {}, "data": None,
             }
             _announce(args, result.write(args.storage_path, args.experiment_name, doc))
         except Exception:

@@ -9,6 +9,8 @@ processor files, so a run can continue from one with --resume-from.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -24,6 +26,8 @@ log = logging.getLogger("raydrop.trainer")
 
 CHECKPOINT_SUBDIR = "checkpoint"  # Ray's checkpoint_00000N/<this>/ holds the HF files
 TRAINER_STATE = "trainer_state.json"
+# The pod's local-SSD volume (the pipeline sets it); node-local copies go there.
+SCRATCH_ENV = "RAYDROP_SCRATCH"
 
 
 def checkpoint_dir_name(index: int) -> str:
@@ -52,21 +56,28 @@ def _make_callback_class():
         The final summary (train_runtime, train_loss, ...) is the last report.
         """
 
-        def __init__(self) -> None:
+        def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None) -> None:
             self.metrics: Dict[str, Any] = {}
             self.saved = 0
             self.latest: Optional[str] = None
             self.start_step = 0
             self.resume: Dict[str, Any] = {}
+            self.data_stats = dict(data_stats)
+            self.resume_step = resume_step
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
             metrics = dict(metrics)
             metrics["latest_checkpoint_dir_name"] = self.latest
+            metrics.update(self.data_stats)
             if self.resume:
                 metrics.update(self.resume)
             ray.train.report(metrics, checkpoint=checkpoint)
 
         def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            if self.resume_step is not None and state.global_step != self.resume_step:
+                raise RuntimeError(
+                    f"resumed at step {state.global_step}, but the checkpoint was saved at step {self.resume_step}"
+                )
             self.start_step = state.global_step
             if state.global_step > 0:
                 self.resume = {
@@ -124,18 +135,46 @@ def resolve_checkpoint_dir(path: str) -> str:
     raise FileNotFoundError(f"no {TRAINER_STATE} in {path} or {os.path.join(path, CHECKPOINT_SUBDIR)}")
 
 
-def fetch_checkpoint(uri: str, dest: str) -> str:
-    """Copy a checkpoint (gs://, other pyarrow URI, or local path) to dest; return its HF dir."""
+def saved_step(hf_dir: str) -> int:
+    """The global step a checkpoint folder was saved at (its trainer_state.json)."""
+    with open(os.path.join(hf_dir, TRAINER_STATE), encoding="utf-8") as f:
+        return int(json.load(f)["global_step"])
+
+
+def resume_cache_dir(uri: str, root: str) -> str:
+    """Where a checkpoint is copied on the node: named by its URI, so that the
+    copy of one attempt's checkpoint is never taken for another's (the
+    RayCluster, and its nodes' disks, outlive attempts)."""
+    key = hashlib.sha256(uri.rstrip("/").encode("utf-8")).hexdigest()[:20]
+    return os.path.join(root, "raydrop-resume", key)
+
+
+def fetch_checkpoint(uri: str, root: str) -> str:
+    """Copy a checkpoint (gs://, other pyarrow URI, or local path) under root
+    (once per node and URI); return its HF dir."""
     if os.path.isdir(uri):
         return resolve_checkpoint_dir(uri)
     import ray.train
 
+    dest = resume_cache_dir(uri, root)
     marker = os.path.join(dest, ".complete")
     if not os.path.exists(marker):
-        os.makedirs(dest, exist_ok=True)
+        shutil.rmtree(dest, ignore_errors=True)  # an interrupted copy
+        os.makedirs(dest)
         ray.train.Checkpoint(path=uri).to_directory(dest)
-        open(marker, "w").close()
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(uri + "\n")
     return resolve_checkpoint_dir(dest)
+
+
+def check_dropped(rows: int, dropped: int, max_length: int, max_share: float, longest: int) -> None:
+    """Refuse to train when more of the dataset than max_share is too long to train on."""
+    if rows and dropped / rows > max_share:
+        raise ValueError(
+            f"{dropped} of {rows} rows ({100.0 * dropped / rows:.1f} %) are longer than --max-seq-length "
+            f"{max_length} tokens (image block included; the longest has {longest}), more than "
+            f"--max-dropped-share {max_share:g} allows: raise training.maxSeqLength or training.maxDroppedShare"
+        )
 
 
 def sft_config(args: argparse.Namespace, output_dir: str):
@@ -156,6 +195,8 @@ def sft_config(args: argparse.Namespace, output_dir: str):
         warmup_ratio=args.warmup_ratio,
         max_grad_norm=args.max_grad_norm,
         logging_steps=args.logging_steps,
+        # The NaN/inf filter reads every micro-batch's loss on the host.
+        logging_nan_inf_filter=False,
         save_strategy=args.save_strategy,
         save_steps=args.save_steps,
         bf16=use_gpu,
@@ -180,6 +221,7 @@ def sft_config(args: argparse.Namespace, output_dir: str):
 def train_func(config: Dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker."""
     import ray.train
+    import ray.train.torch
     import torch
     from transformers import AutoProcessor, set_seed
 
@@ -190,26 +232,32 @@ def train_func(config: Dict[str, Any]) -> None:
     set_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
 
-    output_dir = tempfile.mkdtemp(prefix=f"raydrop-{args.run_id}-rank{rank}-")
+    scratch = os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()
+    output_dir = tempfile.mkdtemp(prefix=f"raydrop-{args.run_id}-rank{rank}-", dir=scratch)
     training_args = sft_config(args, output_dir)
     device = ray.train.torch.get_device() if args.use_gpu else None
 
-    # One process per node downloads (model, dataset, checkpoint) into the
-    # node's caches; the others then read those caches.
-    resume_dir = None
-    with training_args.main_process_first(local=True, desc="load processor, model, dataset"):
+    # One process per node downloads (dataset, model, checkpoint) into the
+    # node's caches; the others then read those caches. The rows are checked
+    # before the model is fetched, so a dataset that cannot train fails fast.
+    with training_args.main_process_first(local=True, desc="load processor and dataset"):
         processor = AutoProcessor.from_pretrained(args.model_id, use_fast=True)
         dataset = data.load_rows(args.dataset_id, args.dataset_split)
-        model = modeling.load_model(args.model_id, args.quantization, args.attention, args.use_gpu, device)
-        if args.resume_from:
-            resume_dir = fetch_checkpoint(
-                args.resume_from, os.path.join(tempfile.gettempdir(), f"raydrop-resume-{args.run_id}")
-            )
 
     rows = len(dataset)
-    dataset, dropped = data.filter_by_length(dataset, processor, args.max_seq_length)
+    dataset, dropped, longest = data.filter_by_length(dataset, processor, args.max_seq_length)
     if rank == 0:
-        log.info("dataset: %d rows, %d left out as longer than %d tokens", rows, dropped, args.max_seq_length)
+        log.info("dataset: %d rows, %d left out as longer than %d tokens (longest %d)",
+                 rows, dropped, args.max_seq_length, longest)
+    check_dropped(rows, dropped, args.max_seq_length, args.max_dropped_share, longest)
+    data_stats = {"dataset_rows": rows, "dropped_rows": dropped, "max_seq_length": args.max_seq_length}
+
+    resume_dir = None
+    with training_args.main_process_first(local=True, desc="load model and checkpoint"):
+        model = modeling.load_model(args.model_id, args.quantization, args.attention, args.use_gpu, device)
+        if args.resume_from:
+            resume_dir = fetch_checkpoint(args.resume_from, scratch)
+    resume_step = saved_step(resume_dir) if resume_dir else None
 
     collator = data.Collator(processor, completion_only=args.completion_only_loss,
                              pad_to_multiple_of=8 if args.use_gpu else None)
@@ -225,7 +273,7 @@ def train_func(config: Dict[str, Any]) -> None:
         data_collator=collator,
         peft_config=peft_config,
     )
-    trainer.add_callback(_make_callback_class()())
+    trainer.add_callback(_make_callback_class()(data_stats, resume_step))
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in trainer.model.parameters())

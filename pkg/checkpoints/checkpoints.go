@@ -77,6 +77,16 @@ type Mark struct {
 	Status       string             `json:"status"` // succeeded or failed
 	Error        string             `json:"error,omitempty"`
 	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
+	Data         *DataStats         `json:"data,omitempty"`
+}
+
+// DataStats is what the trainer's length filter made of the dataset: rows
+// longer than maxSeqLength are left out (truncating would cut the image
+// block or the answer), and counted here.
+type DataStats struct {
+	Rows         int64 `json:"rows"`
+	DroppedRows  int64 `json:"droppedRows"`
+	MaxSeqLength int64 `json:"maxSeqLength"`
 }
 
 // Result is what an attempt left in storage.
@@ -303,11 +313,12 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 		Status       string         `json:"status"`
 		Error        *string        `json:"error"`
 		FinalMetrics map[string]any `json:"finalMetrics"`
+		Data         *DataStats     `json:"data"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), ErrUnreadable, err)
 	}
-	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}}
+	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}, Data: raw.Data}
 	if raw.Error != nil {
 		m.Error = *raw.Error
 	}

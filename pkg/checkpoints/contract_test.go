@@ -25,7 +25,8 @@ type trainerMark struct {
 		Epoch     float64        `json:"epoch"`
 		Metrics   map[string]any `json:"metrics"`
 	} `json:"checkpoints"`
-	LatestCheckpoint *string `json:"latestCheckpoint"`
+	LatestCheckpoint *string                `json:"latestCheckpoint"`
+	Data             *checkpoints.DataStats `json:"data"`
 }
 
 // TestTrainerLayoutContract runs checkpoint discovery over a storage tree
@@ -54,7 +55,15 @@ func TestTrainerLayoutContract(t *testing.T) {
 				t.Fatal(err)
 			}
 			if res.Mark == nil || res.Mark.Status != m.Status {
-				t.Errorf("mark status: discovery %+v, file %q", res.Mark, m.Status)
+				t.Fatalf("mark status: discovery %+v, file %q", res.Mark, m.Status)
+			}
+			switch {
+			case (res.Mark.Data == nil) != (m.Data == nil):
+				t.Errorf("mark data: discovery %+v, file %+v", res.Mark.Data, m.Data)
+			case m.Data != nil && *res.Mark.Data != *m.Data:
+				t.Errorf("mark data: discovery %+v, file %+v", *res.Mark.Data, *m.Data)
+			case m.Status == "succeeded" && (m.Data == nil || m.Data.Rows == 0):
+				t.Errorf("a succeeded run's mark has no dataset counts: %+v", m.Data)
 			}
 			var complete []checkpoints.Checkpoint
 			for _, c := range res.Checkpoints {

@@ -67,6 +67,9 @@ type Run struct {
 	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
 	BestCheckpoint   *checkpoints.Checkpoint  `json:"bestCheckpoint,omitempty"`
 	FinalMetrics     map[string]float64       `json:"finalMetrics,omitempty"`
+	// Data is what the length filter made of the dataset: its rows, and
+	// those left out as longer than the spec's maxSeqLength.
+	Data *checkpoints.DataStats `json:"data,omitempty"`
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`

@@ -51,6 +51,14 @@ func Schema(phase string) []byte {
 		"latestCheckpoint": checkpoint,
 		"bestCheckpoint":   checkpoint,
 		"finalMetrics":     numberMap(),
+		"data": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"rows", "droppedRows", "maxSeqLength"},
+			"properties": map[string]any{
+				"rows":         map[string]any{"type": "integer", "minimum": 0},
+				"droppedRows":  map[string]any{"type": "integer", "minimum": 0},
+				"maxSeqLength": map[string]any{"type": "integer", "minimum": 1},
+			},
+		},
 		"timings":          numberMap(),
 		"gpuHours":         map[string]any{"type": "number", "minimum": 0},
 		"estimatedCostUsd": map[string]any{"type": "number", "minimum": 0},

@@ -34,6 +34,7 @@ const (
 	headContainer  = "ray-head"
 	workerContaine = "ray-worker"
 	hfTokenEnv     = "HF_TOKEN"
+	scratchEnv     = "RAYDROP_SCRATCH" // the trainer's folder for node-local copies (resume checkpoints)
 )
 
 // Run is the identity of one attempt of a run.
@@ -71,13 +72,14 @@ type Code struct {
 	Hash  string
 }
 
-// TrainerCode reads the embedded trainer files. Only the Python modules
-// travel; requirements reach the job through its runtime env.
+// TrainerCode reads the embedded trainer files. The Python modules and
+// their defaults travel; requirements reach the job through its runtime env.
 func TrainerCode() (Code, error) {
 	paths, err := fs.Glob(trainer.Files, "*.py")
 	if err != nil {
 		return Code{}, fmt.Errorf("list trainer files: %w", err)
 	}
+	paths = append(paths, trainer.DefaultsFile)
 	sort.Strings(paths)
 	c := Code{Files: map[string]string{}}
 	h := sha256.New()
@@ -123,7 +125,7 @@ func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
 			{ContainerPort: 10001, Name: "client"},
 		},
 		Resources:    sameLimits(corev1.ResourceList{corev1.ResourceCPU: q(c.Head.CPU), corev1.ResourceEphemeralStorage: q(c.Head.EphemeralStorage), corev1.ResourceMemory: q(c.Head.Memory)}),
-		Env:          hfTokenEnvVar(s),
+		Env:          podEnv(s),
 		VolumeMounts: mounts(),
 	}
 	worker := corev1.Container{
@@ -134,7 +136,7 @@ func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
 			corev1.ResourceCPU:    q(c.Workers.CPU),
 			corev1.ResourceMemory: q(c.Workers.Memory),
 		}),
-		Env:          hfTokenEnvVar(s),
+		Env:          podEnv(s),
 		VolumeMounts: mounts(),
 	}
 	return &rayv1.RayCluster{
@@ -257,6 +259,7 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--warmup-ratio", ftoa(t.WarmupRatio),
 		"--max-grad-norm", ftoa(t.MaxGradNorm),
 		"--max-seq-length", itoa(t.MaxSeqLength),
+		"--max-dropped-share", ftoa(t.MaxDroppedShare),
 		"--logging-steps", itoa(t.LoggingSteps),
 		"--save-strategy", t.SaveStrategy,
 		"--save-steps", itoa(t.SaveSteps),
@@ -306,13 +309,21 @@ func RuntimeEnvYAML() string {
 	return b.String()
 }
 
-func hfTokenEnvVar(s *spec.JobSpec) []corev1.EnvVar {
+// podEnv is the Ray containers' environment: the Hugging Face token from
+// its Secret, and the model, dataset and resume caches on the local-SSD
+// volume rather than the boot disk (a 4B model is about 9 GB, downloaded
+// once per node and read by every worker on it).
+func podEnv(s *spec.JobSpec) []corev1.EnvVar {
 	return []corev1.EnvVar{{
 		Name: hfTokenEnv,
 		ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: s.Cluster.HFSecret.Name},
 			Key:                  s.Cluster.HFSecret.Key,
 		}},
+	}, {
+		Name: "HF_HOME", Value: scratchPath + "huggingface",
+	}, {
+		Name: scratchEnv, Value: scratchPath,
 	}}
 }
 

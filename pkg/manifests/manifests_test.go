@@ -106,6 +106,16 @@ func TestMatchesTutorial(t *testing.T) {
 		for _, group := range []string{"headGroupSpec", "workerGroupSpecs.0"} {
 			setPath(t, want, "spec."+group+".template.spec.volumes.0.configMap.name", cm)
 		}
+		// raydrop puts the model cache and its node-local copies on the
+		// local-SSD volume the tutorial already mounts: the env after the
+		// token is its own.
+		for _, c := range []string{"spec.headGroupSpec.template.spec.containers.0", "spec.workerGroupSpecs.0.template.spec.containers.0"} {
+			env := get(t, got, c+".env").([]any)
+			if len(env) != 3 || env[1].(map[string]any)["name"] != "HF_HOME" || env[2].(map[string]any)["name"] != "RAYDROP_SCRATCH" {
+				t.Fatalf("%s env: %v", c, env)
+			}
+			setPath(t, got, c+".env", env[:1])
+		}
 		// KubeRay's typed WorkerGroupSpec always carries scaleStrategy.
 		deletePath(got, "spec.workerGroupSpecs.0.scaleStrategy")
 		// The tutorial's empty "metadata:" is null; the typed object's is {}.

@@ -341,6 +341,9 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 		d.LatestCheckpoint = r.Result.Latest
 		d.BestCheckpoint = r.Result.Best
 		d.FinalMetrics = r.Result.FinalMetrics
+		if r.Result.Mark != nil {
+			d.Data = r.Result.Mark.Data
+		}
 	}
 	h := GPUHours(r, end)
 	cost := h * cfg.GPUHourUSD

@@ -13,6 +13,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+
+	"github.com/raydrop/raydrop/trainer"
 )
 
 // APIVersion is the only job spec format this build accepts.
@@ -70,17 +72,18 @@ type LoRA struct {
 type Training struct {
 	Epochs                    int     `json:"epochs" spec:"min=1,max=1000" doc:"Passes over the dataset."`
 	MaxSteps                  int     `json:"maxSteps" spec:"min=0,max=10000000" doc:"Stop after this many optimizer steps; 0 means no limit."`
-	PerDeviceBatchSize        int     `json:"perDeviceBatchSize" spec:"min=1,max=1024" doc:"Examples per GPU per micro-batch."`
-	GradientAccumulationSteps int     `json:"gradientAccumulationSteps" spec:"min=1,max=1024" doc:"Micro-batches per optimizer step."`
+	PerDeviceBatchSize        int     `json:"perDeviceBatchSize" spec:"min=1,max=1024" doc:"Examples per GPU per micro-batch (the reference: 1)."`
+	GradientAccumulationSteps int     `json:"gradientAccumulationSteps" spec:"min=1,max=1024" doc:"Micro-batches per optimizer step (the reference: 4; 4 x 1 keeps its global batch)."`
 	LearningRate              float64 `json:"learningRate" spec:"gt=0,max=1" doc:"Peak learning rate."`
 	LRScheduler               string  `json:"lrScheduler" spec:"enum=constant|constant_with_warmup|linear|cosine" doc:"Learning-rate schedule; warmupRatio applies to every schedule."`
 	WarmupRatio               float64 `json:"warmupRatio" spec:"min=0,max=0.5" doc:"Share of the steps spent warming up."`
 	MaxGradNorm               float64 `json:"maxGradNorm" spec:"min=0,max=1000" doc:"Gradient clipping norm; 0 disables clipping."`
-	MaxSeqLength              int     `json:"maxSeqLength" spec:"min=16,max=131072" doc:"Longest tokenised example, image tokens included; longer ones are truncated."`
+	MaxSeqLength              int     `json:"maxSeqLength" spec:"min=16,max=131072" doc:"Longest tokenised example, image tokens included; longer ones are left out (truncating would cut the image block or the answer), counted in the metrics and the events."`
+	MaxDroppedShare           float64 `json:"maxDroppedShare" spec:"min=0,max=1" doc:"Largest share of the dataset's rows that may be left out as longer than maxSeqLength; above it the run fails before training, saying how many rows were too long."`
 	LoggingSteps              int     `json:"loggingSteps" spec:"min=1,max=100000" doc:"Optimizer steps between metric reports."`
-	SaveStrategy              string  `json:"saveStrategy" spec:"enum=epoch|steps|no" doc:"When to write a checkpoint."`
+	SaveStrategy              string  `json:"saveStrategy" spec:"enum=epoch|steps" doc:"When to write a checkpoint; either way the last step is saved, so every run leaves a model."`
 	SaveSteps                 int     `json:"saveSteps" spec:"min=1,max=10000000" doc:"Optimizer steps between checkpoints when saveStrategy is steps."`
-	GradientCheckpointing     bool    `json:"gradientCheckpointing" doc:"Recompute activations in the backward pass to save memory."`
+	GradientCheckpointing     bool    `json:"gradientCheckpointing" doc:"Recompute activations in the backward pass to save memory (the reference: true)."`
 	CompletionOnlyLoss        bool    `json:"completionOnlyLoss" doc:"Compute the loss on the assistant's answer only; false also trains on the prompt, as the reference did."`
 	Seed                      int     `json:"seed" spec:"min=0,max=2147483647" doc:"Random seed."`
 	Workers                   int     `json:"workers" spec:"min=1,max=4096" doc:"Ray Train workers, one per GPU."`
@@ -142,8 +145,12 @@ type Limits struct {
 }
 
 // Defaults returns the spec of the reference workload, without the three
-// values every project must choose.
+// values every project must choose. The step's shape (batch, accumulation,
+// gradient checkpointing) and the length filter come from the trainer's
+// defaults.json, which the trainer's command line and its GPU benchmark
+// read too.
 func Defaults() JobSpec {
+	td := trainer.Defaults()
 	return JobSpec{
 		APIVersion: APIVersion,
 		Kind:       Kind,
@@ -164,17 +171,18 @@ func Defaults() JobSpec {
 		},
 		Training: Training{
 			Epochs:                    3,
-			PerDeviceBatchSize:        1,
-			GradientAccumulationSteps: 4,
+			PerDeviceBatchSize:        td.PerDeviceBatchSize,
+			GradientAccumulationSteps: td.GradientAccumulationSteps,
 			LearningRate:              2e-4,
 			LRScheduler:               "constant",
 			WarmupRatio:               0.03,
 			MaxGradNorm:               0.3,
-			MaxSeqLength:              512,
+			MaxSeqLength:              td.MaxSeqLength,
+			MaxDroppedShare:           td.MaxDroppedShare,
 			LoggingSteps:              10,
 			SaveStrategy:              "epoch",
 			SaveSteps:                 100,
-			GradientCheckpointing:     true,
+			GradientCheckpointing:     td.GradientCheckpointing,
 			CompletionOnlyLoss:        true,
 			Seed:                      42,
 			Workers:                   16,

@@ -55,12 +55,11 @@ func TestDefaultsAreReference(t *testing.T) {
 		{"lora alpha", d.LoRA.Alpha, 16},
 		{"lora dropout", d.LoRA.Dropout, 0.05},
 		{"epochs", d.Training.Epochs, 3},
-		{"batch", d.Training.PerDeviceBatchSize, 1},
-		{"grad accumulation", d.Training.GradientAccumulationSteps, 4},
+		// The tutorial's global batch (16 workers x 1 x 4), in one micro-batch.
+		{"global batch", d.Training.Workers * d.Training.PerDeviceBatchSize * d.Training.GradientAccumulationSteps, 64},
 		{"learning rate", d.Training.LearningRate, 2e-4},
 		{"max grad norm", d.Training.MaxGradNorm, 0.3},
 		{"warmup", d.Training.WarmupRatio, 0.03},
-		{"max seq length", d.Training.MaxSeqLength, 512},
 		{"workers", d.Training.Workers, 16},
 		{"accelerator type", d.Training.AcceleratorType, "B200"},
 		{"replicas", d.Cluster.Workers.Replicas, 2},
@@ -243,7 +242,7 @@ func TestSchemaAgreesWithValidator(t *testing.T) {
 		t.Fatalf("schema does not compile: %v", err)
 	}
 	good, _ := filepath.Glob("testdata/good/*.json")
-	good = append(good, "../../examples/gemma3-vision.json")
+	good = append(good, "../../examples/gemma3-vision.json", "../../examples/tutorial.json")
 	for _, f := range good {
 		if err := validateFile(sch, f); err != nil {
 			t.Errorf("%s: schema rejects a valid spec: %v", f, err)
@@ -290,5 +289,25 @@ func BenchmarkParse(b *testing.B) {
 		if _, err := spec.Parse(data); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestTutorialSpec checks that examples/tutorial.json, the spec the README
+// gives for the tutorial's own choices, sets each of them.
+func TestTutorialSpec(t *testing.T) {
+	data, err := os.ReadFile("../../examples/tutorial.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := s.Training
+	got := []any{s.Model.Quantization, s.Model.Attention, s.LoRA.VisionTower, s.LoRA.TrainEmbeddings,
+		tr.PerDeviceBatchSize, tr.GradientAccumulationSteps, tr.GradientCheckpointing, tr.CompletionOnlyLoss, tr.MaxSeqLength}
+	want := []any{"4bit", "eager", true, true, 1, 4, true, false, 512}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("tutorial spec %v, want %v", got, want)
 	}
 }

@@ -68,6 +68,9 @@ def ray_address(tmp_path_factory):
     import ray
 
     temp_dir = tempfile.mkdtemp(prefix="rd-ray-", dir="/tmp")  # Unix socket paths must stay short
+    # The workers' node-local copies (resumed checkpoints) go where the pods'
+    # local SSD would be: here, a folder removed with the cluster.
+    os.environ["RAYDROP_SCRATCH"] = tempfile.mkdtemp(prefix="scratch-", dir=temp_dir)
     ctx = ray.init(
         num_cpus=4,
         include_dashboard=False,

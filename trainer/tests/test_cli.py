@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+
 import pytest
 
 import cli
+from conftest import TRAINER_DIR
+
+REPO = os.path.dirname(TRAINER_DIR)
+# The RayJob the Go side renders for the example spec (every default), kept
+# current by the Go test that compares it with what the code renders.
+GOLDEN_RAYJOB = os.path.join(REPO, "pkg", "manifests", "testdata", "example.golden.yaml")
+# Flags whose value is the deployment's or the run's, not a training default.
+PER_RUN = {"run_id", "storage_path", "experiment_name", "mark_notice", "accelerator_type"}
 
 CONTRACT_ARGV = [
     "--run-id", "r-1", "--storage-path", "gs://b/raydrop/checkpoints", "--experiment-name", "exp",
@@ -15,7 +27,7 @@ CONTRACT_ARGV = [
     "--train-embeddings", "false", "--completion-only-loss", "true", "--epochs", "3",
     "--per-device-batch-size", "1", "--gradient-accumulation-steps", "4", "--learning-rate", "0.0002",
     "--lr-scheduler", "constant", "--warmup-ratio", "0.03", "--max-grad-norm", "0.3",
-    "--max-seq-length", "512", "--logging-steps", "10", "--save-strategy", "epoch", "--save-steps", "100",
+    "--max-seq-length", "512", "--max-dropped-share", "0.05", "--logging-steps", "10", "--save-strategy", "epoch", "--save-steps", "100",
     "--gradient-checkpointing", "true", "--seed", "42", "--max-steps", "-1", "--resume-from", "gs://b/x",
 ]
 
@@ -52,6 +64,8 @@ def test_tutorial_choices_reachable():
     ["--run-id", "Bad_ID"],
     ["--quantization", "8bit"],
     ["--save-strategy", "best"],
+    ["--save-strategy", "no"],  # a run always leaves a model
+    ["--max-dropped-share", "1.5"],
     ["--max-steps", "0"],
     ["--experiment-name", "a/b"],
     ["--quantization", "4bit", "--use-gpu", "false"],
@@ -74,3 +88,35 @@ def test_lora_targets():
     assert cli.lora_target_modules("q_proj, v_proj") == ["q_proj", "v_proj"]
     with pytest.raises(ValueError):
         cli.lora_target_modules(" , ")
+
+
+def _golden_entrypoint_args():
+    import yaml
+
+    with open(GOLDEN_RAYJOB, encoding="utf-8") as f:
+        docs = [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "RayJob"]
+    argv = shlex.split(docs[0]["spec"]["entrypoint"])
+    assert argv[:2] == ["python", "/code/train.py"], argv[:2]
+    return cli.parse_args(argv[2:])
+
+
+def test_spec_defaults_are_the_trainer_defaults():
+    """What a default spec runs is what the trainer runs with no flags: every
+    flag the Go side passes for the example spec equals the trainer's own
+    default (and so the benchmark's, which takes the trainer's)."""
+    passed = vars(_golden_entrypoint_args())
+    own = vars(cli.parse_args(["--storage-path", "/s"]))
+    drift = {k: (passed[k], own[k]) for k in own if k not in PER_RUN and passed[k] != own[k]}
+    assert not drift, f"spec default vs trainer default: {drift}"
+
+
+def test_one_fast_default_from_defaults_json():
+    with open(os.path.join(TRAINER_DIR, "defaults.json"), encoding="utf-8") as f:
+        d = json.load(f)
+    a = cli.parse_args(["--storage-path", "/s"])
+    assert (a.per_device_batch_size, a.gradient_accumulation_steps, a.gradient_checkpointing) == (4, 1, False)
+    assert (a.per_device_batch_size, a.gradient_accumulation_steps, a.gradient_checkpointing) == (
+        d["perDeviceBatchSize"], d["gradientAccumulationSteps"], d["gradientCheckpointing"])
+    assert (a.max_seq_length, a.max_dropped_share) == (d["maxSeqLength"], d["maxDroppedShare"])
+    # The tutorial's global batch: 16 workers x 4 x 1 = 16 x 1 x 4.
+    assert a.num_workers * a.per_device_batch_size * a.gradient_accumulation_steps == 64

@@ -48,9 +48,17 @@ def test_length_filter_is_exact(processor, dataset):
     lengths = data.sequence_lengths(processor, dataset)
     batch = data.Collator(processor)([dataset[i] for i in range(4)])
     assert batch["attention_mask"].sum(dim=1).tolist() == lengths[:4]
-    kept, dropped = data.filter_by_length(dataset, processor, 512)
-    assert dropped == 1 and len(kept) == len(dataset) - 1
+    kept, dropped, longest = data.filter_by_length(dataset, processor, 512)
+    assert dropped == 1 and len(kept) == len(dataset) - 1 and longest == max(lengths)
     limit = sorted(lengths)[len(lengths) // 2]
-    kept, dropped = data.filter_by_length(dataset, processor, limit)
+    kept, dropped, _ = data.filter_by_length(dataset, processor, limit)
     assert all(n <= limit for n in data.sequence_lengths(processor, kept))
     assert dropped == sum(1 for n in lengths if n > limit)
+
+
+def test_label_positions_point_at_the_targets(processor, dataset):
+    batch = data.Collator(processor)([dataset[i] for i in range(4)])
+    labels, flat = batch["labels"], batch["label_positions"]
+    rows, cols = flat // labels.shape[1], flat % labels.shape[1]
+    assert (labels[rows, cols + 1] == batch["label_targets"]).all()
+    assert len(flat) == int((labels[:, 1:] != data.IGNORE_INDEX).sum())

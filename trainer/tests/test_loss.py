@@ -24,11 +24,23 @@ def _args(tmp_path):
     )
 
 
-def _train_one_step(trainer_cls, assets, processor, rows, tmp_path):
+def _plain_batches(collator):
+    """The collator's batches without the LM-head positions, as a stock trainer takes them."""
+
+    def collate(rows):
+        batch = collator(rows)
+        batch.pop("label_positions")
+        batch.pop("label_targets")
+        return batch
+
+    return collate
+
+
+def _train_one_step(trainer_cls, assets, processor, rows, tmp_path, collator=None):
     model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
     trainer = trainer_cls(
         model=model, args=worker.sft_config(_args(tmp_path), str(tmp_path)), train_dataset=rows,
-        processing_class=processor, data_collator=data.Collator(processor),
+        processing_class=processor, data_collator=collator or data.Collator(processor),
         peft_config=modeling.lora_config(8, 16, 0.0),
     )
     trainer.train()
@@ -45,7 +57,7 @@ def _expected_token_mean(assets, processor, rows):
     import torch
 
     model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
-    batch = data.Collator(processor)([rows[i] for i in range(len(rows))])
+    batch = _plain_batches(data.Collator(processor))([rows[i] for i in range(len(rows))])
     labels = batch.pop("labels")
     with torch.no_grad():
         loss_sum, _, count = sft.masked_token_losses(model(**batch).logits, labels)
@@ -65,8 +77,37 @@ def test_stock_trainer_inflates_by_accumulation(assets, processor, four_rows, tm
     """The defect being fixed, as transformers 4.55.2 + TRL 0.21 behave."""
     from trl import SFTTrainer
 
-    stock, first = _train_one_step(SFTTrainer, assets, processor, four_rows, tmp_path / "stock")
+    stock, first = _train_one_step(SFTTrainer, assets, processor, four_rows, tmp_path / "stock",
+                                   collator=_plain_batches(data.Collator(processor)))
     # Gemma3ForConditionalGeneration takes **kwargs and lacks accepts_loss_kwargs=False.
     assert stock.model_accepts_loss_kwargs is True
     expected = _expected_token_mean(assets, processor, four_rows)
     assert first["loss"] == pytest.approx(GA * expected, rel=0.1)
+
+
+def test_lm_head_at_labelled_positions_only(assets, processor, four_rows):
+    """The head applied at the collator's positions gives the loss, accuracy
+    and gradients of the full logits masked afterwards."""
+    import torch
+
+    model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
+    batch = data.Collator(processor)([four_rows[i] for i in range(GA)])
+    labels, positions, targets = batch.pop("labels"), batch.pop("label_positions"), batch.pop("label_targets")
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    full_sum, full_correct, full_count = sft.masked_token_losses(model(**batch).logits, labels)
+    full_sum.backward()
+    want = [p.grad.clone() for p in params]
+    model.zero_grad(set_to_none=True)
+
+    with sft.head_at(model.get_output_embeddings(), positions):
+        logits = model(**batch).logits
+    assert logits.shape == (int(full_count), model.config.text_config.vocab_size)
+    got_sum, got_correct = sft.selected_token_losses(logits, targets)
+    got_sum.backward()
+    assert float(got_sum.detach()) == pytest.approx(float(full_sum.detach()), rel=1e-5)
+    assert int(got_correct) == int(full_correct)
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-6)
+    # Outside the context the head is whole again.
+    assert model(**batch).logits.shape[:2] == batch["input_ids"].shape

@@ -1,8 +1,10 @@
 """End to end on CPU: `python train.py` under a real Ray Train TorchTrainer with
 two workers and the real SFTTrainer, on the tiny Gemma 3 and the toy dataset.
 
-One training run, one run resumed from its first checkpoint and one failing
-run; the tests read what they left in the storage path, as the pipeline does.
+One training run; the next two attempts of one run, each resumed (through a
+URI, as from Cloud Storage) from the newest checkpoint before it; and
+failing runs; the tests read what they left in the storage path, as the
+pipeline does.
 If RAYDROP_LAYOUT_DIR is set, the storage tree is copied there afterwards.
 """
 
@@ -28,10 +30,10 @@ GA = 2
 SAMPLES_PER_STEP = WORKERS * 1 * GA
 
 
-def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600):
+def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600, run_id=None):
     argv = [
         sys.executable, os.path.join(TRAINER_DIR, "train.py"),
-        "--run-id", "test-" + experiment,
+        "--run-id", run_id or "test-" + experiment,
         "--storage-path", storage,
         "--experiment-name", experiment,
         "--model-id", assets["model"],
@@ -43,7 +45,7 @@ def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600)
         "--lora-vision-tower", "false", "--train-embeddings", "false", "--completion-only-loss", "true",
         "--epochs", "100", "--per-device-batch-size", "1", "--gradient-accumulation-steps", str(GA),
         "--learning-rate", "0.01", "--lr-scheduler", "constant", "--warmup-ratio", "0.0",
-        "--max-grad-norm", "1.0", "--max-seq-length", "512",
+        "--max-grad-norm", "1.0", "--max-seq-length", "512", "--max-dropped-share", "0.1",
         "--logging-steps", "2", "--save-strategy", "steps", "--save-steps", str(SAVE_STEPS),
         "--gradient-checkpointing", "false", "--seed", "42",
         "--max-steps", str(STEPS), "--dataloader-num-workers", "0",
@@ -85,10 +87,23 @@ def run_a(ray_address, storage, assets):
 
 @pytest.fixture(scope="module")
 def run_b(ray_address, storage, assets, run_a):
+    """The second attempt of run "test-resume", resuming from exp-a's first checkpoint."""
     trial, _ = results(storage, "exp-a")
-    first = os.path.join(trial, "checkpoint_000000")
-    proc = run_trainer(ray_address, storage, "exp-b", assets,
+    first = "file://" + os.path.join(trial, "checkpoint_000000")
+    proc = run_trainer(ray_address, storage, "exp-b", assets, run_id="test-resume",
                        extra=["--resume-from", first, "--max-steps", str(STEPS + 4)])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run_c(ray_address, storage, assets, run_b):
+    """The third attempt of the same run, on the same nodes (the second's copy
+    of its checkpoint is still there), resuming from the second's newest."""
+    trial, _ = results(storage, "exp-b")
+    newest = "file://" + os.path.join(trial, "checkpoint_000001")
+    proc = run_trainer(ray_address, storage, "exp-c", assets, run_id="test-resume",
+                       extra=["--resume-from", newest, "--max-steps", str(STEPS + 8)])
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     return proc
 
@@ -146,9 +161,13 @@ def test_loss_covers_only_the_answer(run_a, storage, processor, dataset):
 
 
 def test_completion_mark_after_success(run_a, storage):
-    trial, _ = results(storage, "exp-a")
+    trial, rows = results(storage, "exp-a")
     doc = mark(storage, "exp-a")
     assert doc["status"] == "succeeded" and doc["error"] is None
+    # The toy dataset's one over-long row, left out and counted (1 of 17 is
+    # within the 0.1 allowed here).
+    assert doc["data"] == {"rows": 17, "droppedRows": 1, "maxSeqLength": 512}
+    assert all(r["dropped_rows"] == 1 and r["dataset_rows"] == 17 for r in rows)
     assert doc["trialPath"] == trial
     assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS, STEPS]
     assert doc["latestCheckpoint"] == os.path.join(trial, "checkpoint_000001")
@@ -176,6 +195,26 @@ def test_resume_continues_from_saved_step(run_b, storage):
     doc = mark(storage, "exp-b")
     assert doc["status"] == "succeeded"
     assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS * 2, STEPS + 4]
+
+
+def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
+    _, b_rows = results(storage, "exp-b")
+    newest_b = [r["step"] for r in b_rows if r.get("checkpoint_dir_name")][-1]
+    assert newest_b == STEPS + 4
+    _, rows = results(storage, "exp-c")
+    assert rows[0]["resumed_from_step"] == newest_b, rows[0]
+    assert rows[0]["resumed_optimizer_step"] == newest_b
+    assert rows[-1]["global_step"] == STEPS + 8 and rows[-1]["train_steps"] == 4
+    assert mark(storage, "exp-c")["status"] == "succeeded"
+
+
+def test_too_many_long_rows_fail_before_training(ray_address, storage, assets):
+    proc = run_trainer(ray_address, storage, "exp-long", assets, extra=["--max-dropped-share", "0.05"])
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = mark(storage, "exp-long")
+    assert doc["status"] == "failed" and doc["checkpoints"] == []
+    assert doc["error"].startswith("ValueError: 1 of 17 rows (5.9 %) are longer than --max-seq-length 512"), doc["error"]
+    assert "--max-dropped-share 0.05" in doc["error"] and "training.maxSeqLength" in doc["error"]
 
 
 def test_failed_run_writes_mark(ray_address, storage, assets):

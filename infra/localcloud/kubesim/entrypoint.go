@@ -5,34 +5,40 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	trainercode "github.com/raydrop/raydrop/trainer"
 )
 
 // trainerArgs are the trainer flags the player acts on (see
 // trainer/README.md); every flag given is kept in all.
 type trainerArgs struct {
-	all            map[string]string // flag name without "--" -> value
-	runID          string
-	storagePath    string // gs://bucket[/prefix]
-	experiment     string
-	epochs         int
-	maxSteps       int
-	resumeFrom     string
-	markNotice     string // gs://bucket/raydrop-marks/<run>/attempt-<n>.json
-	saveStrategy   string
-	saveSteps      int
-	learningRate   float64
-	warmupRatio    float64
-	numWorkers     int
-	batchSize      int
-	gradAccum      int
-	modelID        string
-	loraR          int
-	loraAlpha      int
-	loraDropout    float64
-	targetModules  string
-	visionTower    bool
-	loggingSteps   int
-	bucket, prefix string // storagePath split
+	all           map[string]string // flag name without "--" -> value
+	runID         string
+	storagePath   string // gs://bucket[/prefix]
+	experiment    string
+	epochs        int
+	maxSteps      int
+	resumeFrom    string
+	markNotice    string // gs://bucket/raydrop-marks/<run>/attempt-<n>.json
+	saveStrategy  string
+	saveSteps     int
+	learningRate  float64
+	warmupRatio   float64
+	numWorkers    int
+	batchSize     int
+	gradAccum     int
+	modelID       string
+	loraR         int
+	loraAlpha     int
+	loraDropout   float64
+	targetModules string
+	visionTower   bool
+	loggingSteps  int
+	maxSeqLength  int
+	// maxDroppedShare is the largest share of rows the length filter may
+	// leave out before the trainer refuses to train.
+	maxDroppedShare float64
+	bucket, prefix  string // storagePath split
 }
 
 // parseEntrypoint reads `python /code/train.py --flag value ...` as a
@@ -104,8 +110,9 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.learningRate = flt("learning-rate", 2e-4)
 	a.warmupRatio = flt("warmup-ratio", 0.03)
 	a.numWorkers = num("num-workers", 16)
-	a.batchSize = num("per-device-batch-size", 1)
-	a.gradAccum = num("gradient-accumulation-steps", 4)
+	td := trainercode.Defaults()
+	a.batchSize = num("per-device-batch-size", td.PerDeviceBatchSize)
+	a.gradAccum = num("gradient-accumulation-steps", td.GradientAccumulationSteps)
 	a.modelID = str("model-id", "google/gemma-3-4b-it")
 	a.loraR = num("lora-r", 16)
 	a.loraAlpha = num("lora-alpha", 16)
@@ -113,6 +120,8 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.targetModules = str("lora-target-modules", "all-linear")
 	a.visionTower = str("lora-vision-tower", "false") == "true"
 	a.loggingSteps = num("logging-steps", 10)
+	a.maxSeqLength = num("max-seq-length", td.MaxSeqLength)
+	a.maxDroppedShare = flt("max-dropped-share", td.MaxDroppedShare)
 	if a.storagePath == "" {
 		errs = append(errs, errors.New("the following arguments are required: --storage-path"))
 	} else if b, p, ok := splitGS(a.storagePath); !ok {

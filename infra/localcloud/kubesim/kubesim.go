@@ -93,6 +93,11 @@ type Scenario struct {
 	// Error is the application error of a failing run, as the trainer
 	// writes it ("SomeError: message"). Default: a RuntimeError naming the step.
 	Error string
+	// DroppedRows is how many of the dataset's rows are longer than
+	// --max-seq-length (default 0). The dataset has one epoch's samples plus
+	// these; above --max-dropped-share the job fails before training, with
+	// the trainer's message.
+	DroppedRows int
 }
 
 // DefaultScenario is a run that succeeds.

@@ -301,7 +301,15 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 			}
 		}
 	}
+	var data any
+	for i := len(t.rows) - 1; i >= 0; i-- {
+		if n, ok := t.rows[i]["dataset_rows"]; ok {
+			data = map[string]any{"rows": n, "droppedRows": t.rows[i]["dropped_rows"], "maxSeqLength": t.rows[i]["max_seq_length"]}
+			break
+		}
+	}
 	doc := map[string]any{
+		"data":             data,
 		"schemaVersion":    1,
 		"runId":            a.runID,
 		"status":           status,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -217,6 +218,7 @@ type trainer struct {
 	lossSum  float64
 	lossN    int
 	lastIter time.Time
+	data     map[string]any // the length filter's counts, in every report
 }
 
 // train runs the steps and returns the Ray job's terminal status, "" if the
@@ -252,6 +254,18 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 		}
 		t.resumed, t.history = step, hist
 		t.p.update(func(r *JobRecord) { r.ResumedFrom = step })
+	}
+
+	// The length filter, as trainer/worker.py applies it before training:
+	// the simulated dataset holds one epoch's samples and the scenario's
+	// over-long rows, the longest of them 64 tokens over the limit.
+	rows := sc.StepsPerEpoch*a.numWorkers*a.batchSize*a.gradAccum + sc.DroppedRows
+	t.data = map[string]any{"dataset_rows": rows, "dropped_rows": sc.DroppedRows, "max_seq_length": a.maxSeqLength}
+	if float64(sc.DroppedRows)/float64(rows) > a.maxDroppedShare {
+		return t.fail(ctx, fmt.Sprintf("ValueError: %d of %d rows (%.1f %%) are longer than --max-seq-length %d tokens "+
+			"(image block included; the longest has %d), more than --max-dropped-share %g allows: "+
+			"raise training.maxSeqLength or training.maxDroppedShare",
+			sc.DroppedRows, rows, 100*float64(sc.DroppedRows)/float64(rows), a.maxSeqLength, a.maxSeqLength+64, a.maxDroppedShare), t.resumed)
 	}
 
 	total := a.maxSteps
@@ -371,7 +385,7 @@ func (t *trainer) metrics(step, total int) map[string]any {
 	if warm := int(math.Ceil(a.warmupRatio * float64(total))); warm > 0 && step < warm {
 		lr = a.learningRate * float64(step) / float64(warm)
 	}
-	return map[string]any{
+	m := map[string]any{
 		"loss":                round(0.35+2.4*math.Exp(-float64(step)/12), 4),
 		"grad_norm":           0.4 + 2.0*math.Exp(-float64(step)/8),
 		"learning_rate":       lr,
@@ -381,6 +395,8 @@ func (t *trainer) metrics(step, total int) map[string]any {
 		"epoch":               round(float64(step)/float64(t.sc.StepsPerEpoch), 4),
 		"step":                step,
 	}
+	maps.Copy(m, t.data)
+	return m
 }
 
 func (t *trainer) saves(step, total int) bool {

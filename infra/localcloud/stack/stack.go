@@ -705,8 +705,10 @@ func ParseScenario(text string) (kubesim.Scenario, error) {
 			sc.StepTime, err = time.ParseDuration(v)
 		case "pending":
 			sc.PendingFor, err = time.ParseDuration(v)
+		case "dropped":
+			sc.DroppedRows, err = strconv.Atoi(v)
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)
