@@ -77,6 +77,16 @@ trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go ch
 	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test
 	$(GO) test -count=1 -run TestTrainerLayoutContract -v ./pkg/checkpoints -args -layout $(LAYOUT_DIR)
 
+.PHONY: trainer-layout-testdata
+trainer-layout-testdata: ## Refresh pkg/checkpoints/testdata/trainer-layout from the tree the last trainer-contract wrote (binaries emptied)
+	@test -d $(LAYOUT_DIR)/exp-a || { echo "run make trainer-contract first" >&2; exit 1; }
+	rm -rf pkg/checkpoints/testdata/trainer-layout && cp -r $(LAYOUT_DIR) pkg/checkpoints/testdata/trainer-layout
+	cd pkg/checkpoints/testdata/trainer-layout && \
+		find . \( -name '*.pkl' -o -name 'events.out.tfevents*' -o -name progress.csv -o -name '.raydrop-*' \) -delete && \
+		find . -type f \( -name '*.safetensors' -o -name '*.pt' -o -name '*.pth' -o -name '*.bin' -o -name tokenizer.json \
+			-o -name chat_template.jinja -o -name README.md \) -exec truncate -s 0 {} +
+	du -sh pkg/checkpoints/testdata/trainer-layout
+
 .PHONY: lint
 lint: $(GOLANGCI) ## golangci-lint (pinned) and the formatting check, on both Go modules
 	$(GOLANGCI) run ./...

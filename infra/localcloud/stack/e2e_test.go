@@ -19,6 +19,7 @@ import (
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/cli"
 	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -157,7 +158,7 @@ func rayJobsOf(t *testing.T, runID string) int {
 
 func TestSucceeds(t *testing.T) {
 	t.Parallel()
-	runID := upload(t, "success", specFor(t, "e2e-success", nil), "steps=3,step=300ms")
+	runID := upload(t, "success", specFor(t, "e2e-success", nil), "steps=3,step=300ms,dropped=1")
 	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Succeeded {
 		t.Fatalf("run ended %s: %s", r.Phase, r.Message)
@@ -169,6 +170,10 @@ func TestSucceeds(t *testing.T) {
 	final := evs[len(evs)-1]
 	if len(final.Checkpoints) != 3 || final.LatestCheckpoint == nil || final.BestCheckpoint == nil || final.GPUHours == nil {
 		t.Fatalf("succeeded event %+v", final)
+	}
+	// 3 steps an epoch of 16 workers x 4 samples, and the one row too long.
+	if d := final.Data; d == nil || *d != (checkpoints.DataStats{Rows: 3*64 + 1, DroppedRows: 1, MaxSeqLength: 1024}) {
+		t.Errorf("succeeded event's data %+v", d)
 	}
 	for _, c := range final.Checkpoints {
 		name := strings.TrimPrefix(c.URI, "gs://"+output+"/") + "/adapter_model.safetensors"
@@ -193,6 +198,23 @@ func TestApplicationFailure(t *testing.T) {
 		t.Errorf("events %+v", evs)
 	}
 	waitNoWorkers(t, "e2e-appfail")
+}
+
+// TestTooManyLongRows: a dataset with more rows over maxSeqLength than
+// maxDroppedShare allows fails before training, once, saying why.
+func TestTooManyLongRows(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "longrows", specFor(t, "e2e-longrows", nil), "steps=2,dropped=20")
+	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Failed || r.Attempt != 1 || r.Reason != runs.ApplicationError ||
+		!strings.Contains(r.Message, "20 of 148 rows (13.5 %) are longer than --max-seq-length 1024") ||
+		!strings.Contains(r.Message, "training.maxDroppedShare") {
+		t.Fatalf("phase %s attempt %d reason %s %q; want FAILED on attempt 1 naming the long rows", r.Phase, r.Attempt, r.Reason, r.Message)
+	}
+	if evs := eventsOf(t, runID); count(evs, "failed") != 1 || terminalEvents(evs) != 1 {
+		t.Errorf("events %+v", evs)
+	}
+	waitNoWorkers(t, "e2e-longrows")
 }
 
 func TestHeadLossRetriesAndResumes(t *testing.T) {
