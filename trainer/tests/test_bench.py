@@ -1,7 +1,9 @@
-"""The GPU benchmark's code path and FLOPs arithmetic, on CPU with a tiny model."""
+"""The GPU benchmark's setups, code path and FLOPs arithmetic, on CPU with a tiny model."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
 
@@ -12,6 +14,9 @@ from conftest import TRAINER_DIR
 sys.path.insert(0, os.path.join(TRAINER_DIR, "bench"))
 
 import flops  # noqa: E402
+
+SHAPE_NUMBERS = ("tokens_per_second_per_gpu", "samples_per_second", "step_time_mean_s", "step_time_p50_s",
+                 "mfu", "hfu", "model_flops", "hardware_flops", "seconds")
 
 
 def test_flops_match_the_published_arithmetic():
@@ -25,9 +30,155 @@ def test_flops_match_the_published_arithmetic():
     assert ours["backward"] < tut["backward"] / 2 and ours["recompute"] == 0
 
 
+def test_raydrop_setup_is_the_trainer_default(monkeypatch):
+    import bench
+    import cli
+
+    parser = cli.build_parser()
+    setup = bench.raydrop_setup()
+    for key in cli.TUTORIAL_MODEL_CHOICES:
+        if key != "gradient_checkpointing":
+            assert setup[key] == parser.get_default(key), key
+    for key in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"):
+        assert setup[key] == parser.get_default(key), key
+    assert setup["per_device_batch_size"] == cli.DEFAULTS["perDeviceBatchSize"] == parser.get_default(
+        "per_device_batch_size")
+    assert setup["gradient_accumulation_steps"] == cli.DEFAULTS["gradientAccumulationSteps"] == parser.get_default(
+        "gradient_accumulation_steps")
+    assert setup["gradient_checkpointing"] is cli.DEFAULTS["gradientCheckpointing"] is parser.get_default(
+        "gradient_checkpointing")
+
+    # The setup follows the defaults file, whatever its values: nothing in the benchmark is hard-coded.
+    monkeypatch.setitem(cli.DEFAULTS, "perDeviceBatchSize", 7)
+    monkeypatch.setitem(cli.DEFAULTS, "gradientAccumulationSteps", 3)
+    monkeypatch.setitem(cli.DEFAULTS, "gradientCheckpointing", not cli.DEFAULTS["gradientCheckpointing"])
+    moved = bench.raydrop_setup()
+    assert (moved["per_device_batch_size"], moved["gradient_accumulation_steps"]) == (7, 3)
+    assert moved["gradient_checkpointing"] is cli.DEFAULTS["gradientCheckpointing"]
+
+    tut = bench.tutorial_setup()
+    assert {k: tut[k] for k in cli.TUTORIAL_MODEL_CHOICES} == cli.TUTORIAL_MODEL_CHOICES
+    assert (tut["per_device_batch_size"], tut["gradient_accumulation_steps"]) == (1, 4)
+
+
+def test_peak_by_exact_gpu_name():
+    import bench
+
+    assert bench.peak_flops("NVIDIA H200", 0, False)[0] == pytest.approx(989.4e12)
+    assert bench.peak_flops("NVIDIA H200 NVL", 0, False)[0] == pytest.approx(835e12)
+    assert bench.peak_flops("NVIDIA B200", 0, False)[0] == pytest.approx(2250e12)
+    assert bench.peak_flops("NVIDIA GB200", 0, False)[0] == pytest.approx(2500e12)
+    assert bench.peak_flops("NVIDIA H100 80GB HBM3", 0, False)[0] == pytest.approx(989.4e12)
+    peak, note = bench.peak_flops("NVIDIA Future GPU", 0, False)
+    assert peak is None and "--peak-tflops" in note
+    assert bench.peak_flops("NVIDIA Future GPU", 1234, False)[0] == pytest.approx(1234e12)
+
+
+def _check_ok_setup(report, name):
+    r = report["setups"][name]
+    assert r["status"] == "ok" and r["error"] is None, r.get("traceback")
+    assert isinstance(r["trainer_class"], str) and r["trainable_parameters"] > 0
+    for shape, s in r["shapes"].items():
+        assert s["timed_steps"] == s["timed_steps_planned"] == report["steps"]["timed_per_shape"]
+        assert 0 < s["tokens"] <= s["positions"]
+        assert isinstance(s["lm_head_positions"], int) and s["lm_head_positions"] > 0  # observed, not assumed
+        for key in SHAPE_NUMBERS:
+            assert isinstance(s[key], float) and math.isfinite(s[key]) and s[key] > 0, (name, shape, key)
+    return r
+
+
 def test_bench_dry_run(tmp_path, capsys):
     import bench
 
-    assert bench.main(["--dry-run", "--model-dir", str(tmp_path / "m")]) == 0
-    out = capsys.readouterr().out
-    assert "raydrop / tutorial tokens/s" in out and "MFU =" in out and "Gemma 3 4B arithmetic" in out
+    out = tmp_path / "result.json"
+    assert bench.main(["--dry-run", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "raydrop / tutorial tokens/s" in text and "Gemma 3 4B arithmetic" in text
+
+    report = json.loads(out.read_text())
+    assert report["dry_run"] is True
+    assert list(report["setups"]) == ["raydrop", "tutorial"]  # the default first
+    for key in ("torch", "transformers", "peft", "accelerate"):
+        assert isinstance(report["versions"][key], str), key
+    assert "trl" in report["versions"] and "bitsandbytes" in report["versions"]
+    assert report["device"]["name"] == "cpu" and report["device"]["peak_bf16_dense_tflops"] > 0
+
+    ray = _check_ok_setup(report, "raydrop")
+    assert set(ray["shapes"]) == {"fixed", "varied"}
+    assert ray["config"] == bench.raydrop_setup()
+    fixed, varied = ray["shapes"]["fixed"], ray["shapes"]["varied"]
+    assert fixed["padding_share"] == 0 and fixed["tokens"] == fixed["positions"]
+    assert varied["padding_share"] > 0  # real length spread, padded to the batch
+    assert ray["trainer_class"].endswith("RaydropSFTTrainer on trl.SFTTrainer")
+    tut = _check_ok_setup(report, "tutorial")
+    assert tut["config"]["quantization"] == "4bit" and tut["quantization_applied"].startswith("none")
+    assert all(isinstance(v, float) and v > 0 for v in report["ratios"].values())
+
+
+def test_bench_runs_without_trl(tmp_path, monkeypatch):
+    """As on a bare GPU machine: no TRL, so sft.py's trainer class on transformers' Trainer."""
+    import bench
+
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
+    out = tmp_path / "result.json"
+    assert bench.main(["--dry-run", "--setups", "raydrop", "--shapes", "varied", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["setups"]) == ["raydrop"]
+    ray = _check_ok_setup(report, "raydrop")
+    assert "RaydropSFTTrainer on transformers.Trainer" in ray["trainer_class"]
+    assert any("TRL not usable" in n for n in ray["trainer_notes"])
+    assert report["versions"]["trl"] is None
+
+
+def test_a_failing_setup_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    import bench
+
+    real = bench.build_model
+
+    def build(config, setup, use_gpu):
+        if setup["name"] == "raydrop":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(config, setup, use_gpu)
+
+    monkeypatch.setattr(bench, "build_model", build)
+    out = tmp_path / "result.json"
+    assert bench.main(["--dry-run", "--shapes", "fixed", "--trainer", "transformers", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["setups"]["raydrop"]["status"] == "failed"
+    assert "out of memory" in report["setups"]["raydrop"]["error"]
+    _check_ok_setup(report, "tutorial")
+    assert report["ratios"] == {"fixed": None}
+
+
+def test_in_memory_4bit_quantization(tmp_path):
+    """The tutorial setup's path on GPU: bf16 model quantised in memory, LoRA on bnb layers, one step."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    import bench
+    import modeling
+    import sft
+
+    config = bench.build_config(bench.TINY)
+    setup = bench.tutorial_setup()
+    model, _ = bench.build_model(config, dict(setup, quantization="none"), False)
+    model = model.to(torch.bfloat16)
+    try:
+        note = bench.quantize_4bit(model, setup["attention"])
+    except (NotImplementedError, RuntimeError) as e:  # a bitsandbytes without CPU kernels
+        pytest.skip(f"bitsandbytes cannot quantise on CPU here: {e}")
+    assert note.startswith("4bit: 26 linear layers")  # every nn.Linear of the tiny model but lm_head
+    assert type(model.get_output_embeddings()) is torch.nn.Linear
+    args, dropped = bench.training_arguments(bench.training_namespace(setup, 1, False), str(tmp_path), False)
+    assert set(dropped) <= {"dataset_kwargs", "max_length"}
+    peft_config = modeling.lora_config(setup["lora_r"], setup["lora_alpha"], setup["lora_dropout"],
+                                       setup["lora_target_modules"], vision_tower=True, train_embeddings=True)
+    model = bench.peft_model_like_trl(model, peft_config, args)
+    q_proj = model.base_model.model.model.language_model.layers[0].self_attn.q_proj
+    assert type(q_proj).__module__.startswith("peft.tuners.lora.bnb")
+    batch = bench.Collate(config.image_token_index)(bench.SampleMaker(config, 40, 10).rows("varied", 2, False, 0))
+    labels = batch.pop("labels")
+    model.train()
+    loss = sft.token_mean_loss(model(**batch), labels)
+    loss.backward()
+    assert math.isfinite(loss.item())
