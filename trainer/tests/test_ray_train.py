@@ -85,27 +85,28 @@ def run_a(ray_address, storage, assets):
     return proc
 
 
-@pytest.fixture(scope="module")
-def run_b(ray_address, storage, assets, run_a):
-    """The second attempt of run "test-resume", resuming from exp-a's first checkpoint."""
-    trial, _ = results(storage, "exp-a")
-    first = "file://" + os.path.join(trial, "checkpoint_000000")
-    proc = run_trainer(ray_address, storage, "exp-b", assets, run_id="test-resume",
-                       extra=["--resume-from", first, "--max-steps", str(STEPS + 4)])
+def resume_attempt(ray_address, storage, assets, prev, checkpoint, experiment, max_steps):
+    """The next attempt of run "test-resume", resuming (through a file:// URI, as
+    from Cloud Storage) from checkpoint of experiment prev."""
+    trial, _ = results(storage, prev)
+    uri = "file://" + os.path.join(trial, checkpoint)
+    proc = run_trainer(ray_address, storage, experiment, assets, run_id="test-resume",
+                       extra=["--resume-from", uri, "--max-steps", str(max_steps)])
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     return proc
+
+
+@pytest.fixture(scope="module")
+def run_b(ray_address, storage, assets, run_a):
+    """The second attempt, from exp-a's first checkpoint."""
+    return resume_attempt(ray_address, storage, assets, "exp-a", "checkpoint_000000", "exp-b", STEPS + 4)
 
 
 @pytest.fixture(scope="module")
 def run_c(ray_address, storage, assets, run_b):
-    """The third attempt of the same run, on the same nodes (the second's copy
-    of its checkpoint is still there), resuming from the second's newest."""
-    trial, _ = results(storage, "exp-b")
-    newest = "file://" + os.path.join(trial, "checkpoint_000001")
-    proc = run_trainer(ray_address, storage, "exp-c", assets, run_id="test-resume",
-                       extra=["--resume-from", newest, "--max-steps", str(STEPS + 8)])
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    return proc
+    """The third attempt, on the same nodes (the second's copy of its checkpoint
+    is still there), from the second's newest."""
+    return resume_attempt(ray_address, storage, assets, "exp-b", "checkpoint_000001", "exp-c", STEPS + 8)
 
 
 def test_layout_is_ray_train_v1(run_a, storage):
