@@ -77,6 +77,8 @@ func TestRenderErrors(t *testing.T) {
 		{[]string{"render", "../spec/testdata/bad/out-of-range.json"}, 1, "lora.r: 100000 is out of range"},
 		{[]string{"render", "missing.json"}, 1, "no such file"},
 		{[]string{"bogus"}, 2, "unknown command \"bogus\""},
+		{[]string{"events", "--type", "finished"}, 2, `--type "finished": not an event type (allowed: accepted,`},
+		{[]string{"events", "--count", "-1"}, 2, "--count -1: must be 0 (no limit) or more"},
 	}
 	for _, tt := range tests {
 		code, _, stderr := run(tt.args...)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -183,10 +185,20 @@ func finished(e *env, r *runs.Record) int {
 
 func runEvents(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "events")
-	asJSON := fs.Bool("json", false, "print each event's data as JSON")
-	count := fs.Int("count", 0, "stop after this many events (0: until interrupted)")
+	asJSON := fs.Bool("json", false, "print each event as a structured-mode CloudEvent (JSON with specversion, type, id, source, subject, time, data), one per line")
+	count := fs.Int("count", 0, "stop after printing this many events (0: until interrupted)")
+	runID := fs.String("run", "", "print only this run's events")
+	typ := fs.String("type", "", "print only events of this type: a phase ("+strings.Join(events.Phases, ", ")+") or the full type "+events.TypePrefix+"<phase>")
 	if _, code, ok := parse(e, fs, args); !ok {
 		return code
+	}
+	want, err := eventType(*typ)
+	if err == nil && *count < 0 {
+		err = fmt.Errorf("--count %d: must be 0 (no limit) or more", *count)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "raydrop events: %v\n", err)
+		return ExitUsage
 	}
 	if err := t.needProject(); err != nil {
 		return fail(e, "events", err)
@@ -211,6 +223,7 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 	fmt.Fprintf(e.stderr, "following %s (Ctrl-C stops)\n", t.events)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var mu sync.Mutex // Receive calls the handler from several goroutines
 	n := 0
 	err = ps.Subscriber(sub).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
 		m.Ack()
@@ -219,11 +232,24 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintf(e.stderr, "raydrop events: message %s is not a CloudEvent: %v\n", m.ID, err)
 			return
 		}
-		if *asJSON {
-			fmt.Fprintf(e.stdout, "%s\n", ev.Data())
-		} else {
-			fmt.Fprintf(e.stdout, "%s  %-34s %s\n", ev.Time().Local().Format(time.TimeOnly), ev.Type(), ev.Subject())
+		if (want != "" && ev.Type() != want) || (*runID != "" && ev.Subject() != events.SubjectPrefix+*runID) {
+			return
 		}
+		line := fmt.Sprintf("%s  %-34s %s", ev.Time().Local().Format(time.TimeOnly), ev.Type(), ev.Subject())
+		if *asJSON {
+			b, err := json.Marshal(ev) // structured content mode
+			if err != nil {
+				fmt.Fprintf(e.stderr, "raydrop events: event %s: %v\n", ev.ID(), err)
+				return
+			}
+			line = string(b)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if *count > 0 && n >= *count {
+			return
+		}
+		fmt.Fprintln(e.stdout, line)
 		n++
 		if *count > 0 && n >= *count {
 			cancel()
@@ -233,6 +259,19 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 		return fail(e, "events", friendly(err, t))
 	}
 	return ExitOK
+}
+
+// eventType is the CloudEvent type a --type value names: a phase, or the
+// full type; "" for none.
+func eventType(v string) (string, error) {
+	if v == "" {
+		return "", nil
+	}
+	phase := strings.TrimPrefix(v, events.TypePrefix)
+	if !slices.Contains(events.Phases, phase) {
+		return "", fmt.Errorf("--type %q: not an event type (allowed: %s, or %s<phase>)", v, strings.Join(events.Phases, ", "), events.TypePrefix)
+	}
+	return events.Type(phase), nil
 }
 
 func runDev(ctx context.Context, e *env, args []string) int {

@@ -19,6 +19,9 @@ import (
 // TypePrefix starts every event type.
 const TypePrefix = "dev.raydrop.run.v1."
 
+// SubjectPrefix begins every event's subject: runs/<run ID>.
+const SubjectPrefix = "runs/"
+
 // Phases that have a public event, derived from the run's lifecycle
 // (runs.Phases), in the order a run can meet them: accepted (or rejected,
 // which ends it), queued (only a run that waits for its cluster), running,
@@ -86,7 +89,7 @@ func New(source string, data Run, at time.Time) (cloudevents.Event, error) {
 	e.SetID(data.RunID + "/" + data.Phase)
 	e.SetType(Type(data.Phase))
 	e.SetSource(source)
-	e.SetSubject("runs/" + data.RunID)
+	e.SetSubject(SubjectPrefix + data.RunID)
 	e.SetTime(at)
 	if err := e.SetData(cloudevents.ApplicationJSON, data); err != nil {
 		return e, fmt.Errorf("encode %s event: %w", data.Phase, err)

@@ -32,21 +32,74 @@ func TestEveryReasonDocumented(t *testing.T) {
 	}
 }
 
+const envelopePath = "../../schemas/events/cloudevent.json"
+
 // TestSchemasUpToDate keeps schemas/events/ equal to the generated schemas.
 func TestSchemasUpToDate(t *testing.T) {
+	files := map[string][]byte{envelopePath: events.EnvelopeSchema()}
 	for _, p := range events.Phases {
-		got := events.Schema(p)
+		files[schemaPath(p)] = events.Schema(p)
+	}
+	for path, got := range files {
 		if *update {
-			if err := os.WriteFile(schemaPath(p), got, 0o644); err != nil {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
 				t.Fatal(err)
 			}
 			continue
 		}
-		want, err := os.ReadFile(schemaPath(p))
+		want, err := os.ReadFile(path)
 		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("%s is missing or stale (go test ./pkg/events -update): %v", schemaPath(p), err)
+			t.Errorf("%s is missing or stale (go test ./pkg/events -update): %v", path, err)
 		}
 	}
+}
+
+// TestEnvelopeSchema: a structured-mode event validates against the
+// envelope schema, which checks its data by type; a wrong type, a missing
+// attribute and data of another phase's shape do not.
+func TestEnvelopeSchema(t *testing.T) {
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	docs := map[string][]byte{events.EnvelopeID: events.EnvelopeSchema()}
+	for _, p := range events.Phases {
+		docs[events.SchemaID(p)] = events.Schema(p)
+	}
+	for id, doc := range docs {
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddResource(id, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sch, err := c.Compile(events.EnvelopeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := events.New("//raydrop.dev/test", withAttempt(events.Run{RunID: "job-0123456789ab", Name: "job", Source: "gs://i/jobs/job.json#1", Phase: "running"}), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, doc []byte, valid bool) {
+		t.Helper()
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sch.Validate(v); (err == nil) != valid {
+			t.Errorf("%s: valid %v, want %v: %v\n%s", name, err == nil, valid, err, doc)
+		}
+	}
+	check("the event", b, true)
+	check("another type", bytes.Replace(b, []byte(events.Type("running")), []byte("dev.raydrop.run.v1.done"), 1), false)
+	check("no subject", bytes.Replace(b, []byte(`"subject"`), []byte(`"subjekt"`), 1), false)
+	// A running event's data under the failed type lacks the reason.
+	check("data of another phase", bytes.Replace(b, []byte(events.Type("running")), []byte(events.Type("failed")), 1), false)
 }
 
 // Compile compiles the schema of a phase's event data with an independent

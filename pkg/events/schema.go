@@ -85,6 +85,51 @@ func Schema(phase string) []byte {
 		"required":             required,
 		"properties":           props,
 	}
+	return encodeSchema(s)
+}
+
+// EnvelopeID is the $id of the schema of a whole event in the CloudEvents
+// JSON format (structured content mode), as `raydrop events --json` prints it.
+const EnvelopeID = "https://raydrop.dev/schemas/events/cloudevent.json"
+
+// EnvelopeSchema returns the JSON Schema of a raydrop event as a
+// structured-mode CloudEvent (CloudEvents 1.0, JSON event format): the
+// context attributes raydrop sets and, by type, the data's own schema.
+// https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/formats/json-format.md
+func EnvelopeSchema() []byte {
+	types := make([]string, 0, len(Phases))
+	var byType []any
+	for _, p := range Phases {
+		types = append(types, Type(p))
+		byType = append(byType, map[string]any{
+			"if":   map[string]any{"properties": map[string]any{"type": map[string]any{"const": Type(p)}}},
+			"then": map[string]any{"properties": map[string]any{"data": map[string]any{"$ref": Type(p) + ".json"}}},
+		})
+	}
+	str := map[string]any{"type": "string", "minLength": 1}
+	s := map[string]any{
+		"$schema":     "https://json-schema.org/draft/2020-12/schema",
+		"$id":         EnvelopeID,
+		"title":       "a raydrop run event as a structured-mode CloudEvent (CloudEvents 1.0, JSON format)",
+		"description": "Extension attributes other than those listed may appear; consumers ignore them.",
+		"type":        "object",
+		"required":    []string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"},
+		"properties": map[string]any{
+			"specversion":     map[string]any{"const": "1.0"},
+			"id":              map[string]any{"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?/[a-z]+$", "description": "<run ID>/<phase>: the same for a redelivered copy"},
+			"source":          str,
+			"type":            map[string]any{"enum": types},
+			"subject":         map[string]any{"type": "string", "pattern": "^" + SubjectPrefix + "[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"},
+			"time":            map[string]any{"type": "string", "format": "date-time"},
+			"datacontenttype": map[string]any{"const": "application/json"},
+			"data":            map[string]any{"type": "object"},
+		},
+		"allOf": byType,
+	}
+	return encodeSchema(s)
+}
+
+func encodeSchema(s map[string]any) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -385,6 +386,39 @@ func validate(t *testing.T, e events.Run) {
 	}
 }
 
+// validateEnvelope validates a structured-mode CloudEvent against
+// schemas/events/cloudevent.json, which refers to the data's schemas there.
+func validateEnvelope(t *testing.T, event []byte) {
+	t.Helper()
+	files, _ := filepath.Glob("../../../schemas/events/*.json")
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddResource(doc.(map[string]any)["$id"].(string), doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sch, err := c.Compile(events.EnvelopeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(event))
+	if err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, event)
+	}
+	if err := sch.Validate(inst); err != nil {
+		t.Errorf("event does not match %s: %v\n%s", events.EnvelopeID, err, event)
+	}
+}
+
 // TestDuplicateStorageEvents delivers the intake notification of one
 // upload five times: one run, one RayJob, one terminal event.
 func TestDuplicateStorageEvents(t *testing.T) {
@@ -519,12 +553,16 @@ func TestCLI(t *testing.T) {
 	if err := os.WriteFile(file, specFor(t, "e2e-cli", nil), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	evDone := make(chan string, 1)
+	evDone, jsonDone := make(chan string, 1), make(chan string, 1)
 	go func() {
 		code, out, errOut := raydrop("events", "--count", "2")
 		evDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
 	}()
-	time.Sleep(2 * time.Second) // the events command subscribes first
+	go func() {
+		code, out, errOut := raydrop("events", "--json", "--type", "succeeded", "--count", "1")
+		jsonDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
+	}()
+	time.Sleep(2 * time.Second) // the events commands subscribe first
 
 	code, out, errOut := raydrop("submit", file)
 	if code != 0 {
@@ -554,6 +592,21 @@ func TestCLI(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Error("events printed fewer than 2 events")
+	}
+	select {
+	case got := <-jsonDone:
+		code, out, _ := strings.Cut(got, "\n")
+		out, _, _ = strings.Cut(out, "\n")
+		var ev struct {
+			Type, Subject string
+			Data          events.Run
+		}
+		if code != "0" || json.Unmarshal([]byte(out), &ev) != nil || ev.Type != events.Type("succeeded") || ev.Subject != "runs/"+runID || ev.Data.RunID != runID {
+			t.Errorf("events --json --type succeeded: %s", got)
+		}
+		validateEnvelope(t, []byte(out))
+	case <-time.After(60 * time.Second):
+		t.Error("events --json --type succeeded printed nothing")
 	}
 
 	hang := upload(t, "cli-cancel", specFor(t, "e2e-cli-cancel", nil), "outcome=hang,at=2")
