@@ -191,7 +191,11 @@ func runList(ctx context.Context, e *env, args []string) int {
 	}
 	sort.Slice(sums, func(i, j int) bool { return sums[i].Updated.After(sums[j].Updated) })
 	if *asJSON {
-		return printJSON(e, sums)
+		out := make([]listed, 0, len(sums))
+		for _, s := range sums {
+			out = append(out, listedOf(s))
+		}
+		return printJSON(e, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tPHASE\tCLUSTER\tUPDATED")
@@ -200,6 +204,27 @@ func runList(ctx context.Context, e *env, args []string) int {
 	}
 	_ = tw.Flush()
 	return ExitOK
+}
+
+// listed is one run of `list --json`: the run record's own keys and values
+// (`status --json` prints the whole record), read from the record's
+// metadata without reading the record.
+type listed struct {
+	RunID           string     `json:"runId"`
+	Phase           runs.Phase `json:"phase"`
+	Cluster         string     `json:"cluster,omitempty"`
+	Namespace       string     `json:"namespace,omitempty"`
+	UpdatedAt       time.Time  `json:"updatedAt"`
+	CancelRequested bool       `json:"cancelRequested,omitempty"`
+}
+
+func listedOf(s runs.Summary) listed {
+	l := listed{RunID: s.RunID, Phase: s.Phase, UpdatedAt: s.UpdatedAt, CancelRequested: s.CancelRequested}
+	l.Namespace, l.Cluster, _ = strings.Cut(s.Cluster, "/")
+	if l.UpdatedAt.IsZero() { // a record written before its metadata carried the time
+		l.UpdatedAt = s.Updated
+	}
+	return l
 }
 
 func printJSON(e *env, v any) int {

@@ -34,6 +34,7 @@ const (
 	metaCluster     = "raydrop-cluster"
 	metaUnannounced = "raydrop-unannounced"
 	metaCancel      = "raydrop-cancel-requested"
+	metaUpdated     = "raydrop-updated-at"
 )
 
 // ObjectName is the name of a run's record.
@@ -63,6 +64,9 @@ type Summary struct {
 	Phase   Phase
 	Cluster string // namespace/name
 	Updated time.Time
+	// UpdatedAt is the record's own updatedAt; zero for a record written
+	// before the metadata carried it.
+	UpdatedAt time.Time
 	// Unannounced: the run has ended but its terminal event has not gone
 	// out (Record.Unannounced).
 	Unannounced bool
@@ -135,7 +139,8 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 		if !ok || file != StatusFile {
 			continue
 		}
-		out = append(out, Summary{RunID: id, Phase: Phase(a.Metadata[metaPhase]), Cluster: a.Metadata[metaCluster], Updated: a.Updated,
+		updatedAt, _ := time.Parse(time.RFC3339Nano, a.Metadata[metaUpdated])
+		out = append(out, Summary{RunID: id, Phase: Phase(a.Metadata[metaPhase]), Cluster: a.Metadata[metaCluster], Updated: a.Updated, UpdatedAt: updatedAt,
 			Unannounced: a.Metadata[metaUnannounced] == "true", CancelRequested: a.Metadata[metaCancel] == "true"})
 	}
 }
@@ -147,7 +152,7 @@ func meta(r *Record) map[string]string {
 	if r.Cluster != "" {
 		cluster = r.Namespace + "/" + r.Cluster
 	}
-	m := map[string]string{metaPhase: string(r.Phase), metaCluster: cluster}
+	m := map[string]string{metaPhase: string(r.Phase), metaCluster: cluster, metaUpdated: r.UpdatedAt.Format(time.RFC3339Nano)}
 	if r.Unannounced() {
 		m[metaUnannounced] = "true"
 	}

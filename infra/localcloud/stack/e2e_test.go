@@ -577,13 +577,34 @@ func TestCLI(t *testing.T) {
 		t.Errorf("watch never showed RUNNING:\n%s", out)
 	}
 	code, out, _ = raydrop("list", "--json")
-	if code != 0 || !strings.Contains(out, runID) {
+	var listed []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &listed) != nil || !strings.Contains(out, runID) {
 		t.Errorf("list: exit %d, run %s missing:\n%s", code, runID, out)
 	}
 	code, out, _ = raydrop("status", runID, "--json")
 	var rec runs.Record
-	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || rec.Phase != runs.Succeeded {
+	var status map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || json.Unmarshal([]byte(out), &status) != nil || rec.Phase != runs.Succeeded {
 		t.Errorf("status: exit %d:\n%s", code, out)
+	}
+	// One shape: every key list prints is the record's, with its value.
+	for _, l := range listed {
+		if l["runId"] != runID {
+			continue
+		}
+		for k, v := range l {
+			sv, ok := status[k]
+			if k == "updatedAt" {
+				lt, _ := time.Parse(time.RFC3339Nano, v.(string))
+				st, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(sv))
+				ok = ok && lt.Equal(st)
+			} else {
+				ok = ok && fmt.Sprint(sv) == fmt.Sprint(v)
+			}
+			if !ok {
+				t.Errorf("list --json has %s=%v, status --json %v", k, v, sv)
+			}
+		}
 	}
 	select {
 	case got := <-evDone:
