@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dataset-id", default="philschmid/amazon-product-descriptions-vlm",
                    help="HF repo id or local path (datasets.load_from_disk or load_dataset)")
     g.add_argument("--dataset-split", default="train")
+    g.add_argument("--eval-split", default="",
+                   help="split to evaluate every checkpoint on (empty: hold out --eval-share of --dataset-split)")
+    g.add_argument("--eval-share", type=_share, default=0.05,
+                   help="share of --dataset-split held out for evaluation, at least one row, drawn with --seed; 0: no evaluation")
     g.add_argument("--quantization", choices=("none", "4bit"), default="none",
                    help="none: bf16 weights; 4bit: bitsandbytes NF4 with double quantisation (QLoRA)")
     g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
@@ -161,6 +165,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--experiment-name must be a single path segment, got {args.experiment_name!r}")
     if args.max_steps == 0 or args.max_steps < -1:
         parser.error("--max-steps must be -1 (unset) or >= 1")
+    if args.eval_share > 0.5:
+        parser.error(f"--eval-share must be at most 0.5, got {args.eval_share}")
     if args.quantization == "4bit" and not args.use_gpu:
         parser.error("--quantization 4bit needs --use-gpu true (bitsandbytes 4-bit kernels are CUDA only)")
     args.resume_from = args.resume_from or None

@@ -53,6 +53,19 @@ def load_rows(dataset_id: str, split: str):
     return ds
 
 
+def hold_out(dataset, share: float, seed: int):
+    """(train, eval): share of the rows (at least one, and at least one left
+    to train on) drawn with seed; eval is None when share is 0."""
+    if share <= 0:
+        return dataset, None
+    n = len(dataset)
+    if n < 2:
+        raise ValueError(f"cannot hold out rows for evaluation from a dataset of {n} row(s); set dataset.evalShare to 0")
+    size = min(max(1, round(n * share)), n - 1)
+    parts = dataset.train_test_split(test_size=size, seed=seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
 def messages(row: Dict[str, Any], with_answer: bool = True) -> List[Dict[str, Any]]:
     """The conversation for one row, in the chat-template message format."""
     user_text = USER_PROMPT.format(product=row["Product Name"], category=row["Category"])

@@ -130,7 +130,7 @@ def summarize(rows: List[Dict[str, Any]], trial_uri: Optional[str]) -> Dict[str,
     for row in reversed(rows):
         if "dataset_rows" in row:
             data = {"rows": row["dataset_rows"], "droppedRows": row.get("dropped_rows"),
-                    "maxSeqLength": row.get("max_seq_length")}
+                    "maxSeqLength": row.get("max_seq_length"), "evalRows": row.get("eval_rows", 0)}
             break
     return {
         "checkpoints": checkpoints,

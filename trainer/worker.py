@@ -56,7 +56,7 @@ def _make_callback_class():
         The final summary (train_runtime, train_loss, ...) is the last report.
         """
 
-        def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None) -> None:
+        def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None, evaluate=None) -> None:
             self.metrics: Dict[str, Any] = {}
             self.saved = 0
             self.latest: Optional[str] = None
@@ -64,6 +64,10 @@ def _make_callback_class():
             self.resume: Dict[str, Any] = {}
             self.data_stats = dict(data_stats)
             self.resume_step = resume_step
+            # Every checkpoint is evaluated on the held-out rows just before it
+            # is reported, on every rank (the evaluation reduces across them),
+            # so its eval_loss is its own and never an earlier one's.
+            self.evaluate = evaluate
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
             metrics = dict(metrics)
@@ -88,6 +92,8 @@ def _make_callback_class():
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = dict(logs or {})
+            if any(k.startswith("eval_") for k in logs):
+                return  # the evaluation on_save runs; it goes with the checkpoint
             if "train_runtime" in logs:
                 summary = dict(logs)
                 steps = state.global_step - self.start_step
@@ -108,6 +114,8 @@ def _make_callback_class():
         def on_save(self, args, state, control, **kwargs):
             src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             metrics = {**self.metrics, "step": state.global_step, "epoch": state.epoch}
+            if self.evaluate is not None:
+                metrics.update(self.evaluate())
             name = checkpoint_dir_name(self.saved)
             self.saved += 1
             if state.is_world_process_zero:
@@ -192,6 +200,7 @@ def sft_config_kwargs(args: argparse.Namespace, output_dir: str) -> Dict[str, An
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_batch_size,
+        per_device_eval_batch_size=args.per_device_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False},
@@ -256,7 +265,17 @@ def train_func(config: Dict[str, Any]) -> None:
         log.info("dataset: %d rows, %d left out as longer than %d tokens (longest %d)",
                  rows, dropped, args.max_seq_length, longest)
     check_dropped(rows, dropped, args.max_seq_length, args.max_dropped_share, longest)
-    data_stats = {"dataset_rows": rows, "dropped_rows": dropped, "max_seq_length": args.max_seq_length}
+    eval_dataset = None
+    if args.eval_split:
+        with training_args.main_process_first(local=True, desc="load the evaluation split"):
+            eval_dataset = data.load_rows(args.dataset_id, args.eval_split)
+        eval_dataset, _, _ = data.filter_by_length(eval_dataset, processor, args.max_seq_length)
+    else:
+        dataset, eval_dataset = data.hold_out(dataset, args.eval_share, args.seed)
+    data_stats = {"dataset_rows": rows, "dropped_rows": dropped, "max_seq_length": args.max_seq_length,
+                  "eval_rows": len(eval_dataset) if eval_dataset is not None else 0}
+    if rank == 0:
+        log.info("training on %d rows, evaluating every checkpoint on %d", len(dataset), data_stats["eval_rows"])
 
     resume_dir = None
     with training_args.main_process_first(local=True, desc="load model and checkpoint"):
@@ -275,11 +294,13 @@ def train_func(config: Dict[str, Any]) -> None:
         model=model,
         args=training_args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=processor,
         data_collator=collator,
         peft_config=peft_config,
     )
-    trainer.add_callback(_make_callback_class()(data_stats, resume_step))
+    trainer.add_callback(_make_callback_class()(
+        data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None))
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in trainer.model.parameters())

@@ -87,6 +87,8 @@ type DataStats struct {
 	Rows         int64 `json:"rows"`
 	DroppedRows  int64 `json:"droppedRows"`
 	MaxSeqLength int64 `json:"maxSeqLength"`
+	// EvalRows is how many rows every checkpoint is evaluated on (0: none).
+	EvalRows int64 `json:"evalRows"`
 }
 
 // Result is what an attempt left in storage.
@@ -96,6 +98,7 @@ type Result struct {
 	Checkpoints  []Checkpoint       `json:"checkpoints"`
 	Latest       *Checkpoint        `json:"latest,omitempty"`
 	Best         *Checkpoint        `json:"best,omitempty"`
+	BestBy       string             `json:"bestBy,omitempty"`      // the metric Best was chosen by: eval_loss, loss, or "" (the newest)
 	LastMetrics  map[string]float64 `json:"lastMetrics,omitempty"` // the last report
 	Mark         *Mark              `json:"mark,omitempty"`
 	Incomplete   []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
@@ -180,14 +183,31 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 			res.Best = c
 		}
 	}
+	if res.Best != nil {
+		res.BestBy = rankedBy(res.Best)
+	}
 	res.FinalMetrics = finalMetrics(res)
 	return res, nil
+}
+
+// rankingMetrics are the metrics checkpoints are ranked by, in order: the
+// loss on the held-out rows, else the training loss.
+var rankingMetrics = []string{"eval_loss", "loss"}
+
+// rankedBy is the metric the best checkpoint c was chosen by.
+func rankedBy(c *Checkpoint) string {
+	for _, k := range rankingMetrics {
+		if _, ok := c.Metrics[k]; ok {
+			return k
+		}
+	}
+	return ""
 }
 
 // better prefers the lower evaluation loss, else the lower training loss,
 // else the later checkpoint.
 func better(a, b *Checkpoint) bool {
-	for _, k := range []string{"eval_loss", "loss"} {
+	for _, k := range rankingMetrics {
 		av, aok := a.Metrics[k]
 		bv, bok := b.Metrics[k]
 		if aok && bok {

@@ -95,6 +95,19 @@ func TestTrainerLayoutContract(t *testing.T) {
 					}
 				}
 			}
+			// The best checkpoint is the one with the lowest loss on the
+			// held-out rows, which the trainer evaluates every checkpoint on.
+			if len(complete) > 0 {
+				low := complete[0]
+				for _, c := range complete {
+					if c.Metrics["eval_loss"] < low.Metrics["eval_loss"] {
+						low = c
+					}
+				}
+				if _, ok := low.Metrics["eval_loss"]; !ok || res.BestBy != "eval_loss" || res.Best == nil || res.Best.Name != low.Name {
+					t.Errorf("best: %v by %q; want %s by eval_loss (metrics %v)", res.Best, res.BestBy, low.Name, low.Metrics)
+				}
+			}
 			if m.LatestCheckpoint != nil && (res.Latest == nil || !strings.HasSuffix(*m.LatestCheckpoint, res.Latest.Name) && !strings.HasSuffix(*m.LatestCheckpoint, res.Latest.Name+"/checkpoint")) {
 				t.Errorf("latest: discovery %v, trainer %s", res.Latest, *m.LatestCheckpoint)
 			}

@@ -69,7 +69,10 @@ type Run struct {
 	Checkpoints      []checkpoints.Checkpoint `json:"checkpoints,omitempty"`
 	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
 	BestCheckpoint   *checkpoints.Checkpoint  `json:"bestCheckpoint,omitempty"`
-	FinalMetrics     map[string]float64       `json:"finalMetrics,omitempty"`
+	// BestBy is the metric bestCheckpoint was chosen by: eval_loss (the loss
+	// on the held-out rows) when the checkpoints have it, else loss.
+	BestBy       string             `json:"bestBy,omitempty"`
+	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
 	// Data is what the length filter made of the dataset: its rows, and
 	// those left out as longer than the spec's maxSeqLength.
 	Data *checkpoints.DataStats `json:"data,omitempty"`

@@ -50,13 +50,15 @@ func Schema(phase string) []byte {
 		"checkpoints":      map[string]any{"type": "array", "items": checkpoint},
 		"latestCheckpoint": checkpoint,
 		"bestCheckpoint":   checkpoint,
+		"bestBy":           map[string]any{"enum": []string{"eval_loss", "loss"}, "description": "the metric bestCheckpoint was chosen by: eval_loss (held-out rows) when the checkpoints have it, else the training loss"},
 		"finalMetrics":     numberMap(),
 		"data": map[string]any{
-			"type": "object", "additionalProperties": false, "required": []string{"rows", "droppedRows", "maxSeqLength"},
+			"type": "object", "additionalProperties": false, "required": []string{"rows", "droppedRows", "maxSeqLength", "evalRows"},
 			"properties": map[string]any{
 				"rows":         map[string]any{"type": "integer", "minimum": 0},
 				"droppedRows":  map[string]any{"type": "integer", "minimum": 0},
 				"maxSeqLength": map[string]any{"type": "integer", "minimum": 1},
+				"evalRows":     map[string]any{"type": "integer", "minimum": 0},
 			},
 		},
 		"timings":          numberMap(),

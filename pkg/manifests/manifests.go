@@ -238,6 +238,9 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--num-workers", itoa(t.Workers),
 		"--use-gpu", "true",
 	}
+	if s.Dataset.EvalSplit != "" {
+		args = append(args, "--eval-split", s.Dataset.EvalSplit)
+	}
 	if t.AcceleratorType != "" {
 		args = append(args, "--accelerator-type", t.AcceleratorType)
 	}
@@ -260,6 +263,7 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--max-grad-norm", ftoa(t.MaxGradNorm),
 		"--max-seq-length", itoa(t.MaxSeqLength),
 		"--max-dropped-share", ftoa(t.MaxDroppedShare),
+		"--eval-share", ftoa(s.Dataset.EvalShare),
 		"--logging-steps", itoa(t.LoggingSteps),
 		"--save-strategy", t.SaveStrategy,
 		"--save-steps", itoa(t.SaveSteps),

@@ -339,7 +339,7 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 	if r.Result != nil {
 		d.Checkpoints = r.Result.Checkpoints
 		d.LatestCheckpoint = r.Result.Latest
-		d.BestCheckpoint = r.Result.Best
+		d.BestCheckpoint, d.BestBy = r.Result.Best, r.Result.BestBy
 		d.FinalMetrics = r.Result.FinalMetrics
 		if r.Result.Mark != nil {
 			d.Data = r.Result.Mark.Data

@@ -56,6 +56,10 @@ type Model struct {
 type Dataset struct {
 	ID    string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face dataset repository id with columns 'Product Name', 'Category', 'image' and 'description'."`
 	Split string `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
+	// EvalSplit and EvalShare choose the held-out rows every checkpoint is
+	// evaluated on.
+	EvalSplit string  `json:"evalSplit" spec:"kind=token,max=64,optional" doc:"Dataset split to evaluate on; empty: hold out evalShare of the training split."`
+	EvalShare float64 `json:"evalShare" spec:"min=0,max=0.5" doc:"Share of the training split held out for evaluation (at least one row) when evalSplit is empty, drawn with training.seed; 0 turns evaluation off."`
 }
 
 // LoRA configures the adapter.
@@ -160,8 +164,9 @@ func Defaults() JobSpec {
 			Quantization: "none",
 		},
 		Dataset: Dataset{
-			ID:    "philschmid/amazon-product-descriptions-vlm",
-			Split: "train",
+			ID:        "philschmid/amazon-product-descriptions-vlm",
+			Split:     "train",
+			EvalShare: 0.05,
 		},
 		LoRA: LoRA{
 			R:             16,

@@ -142,6 +142,21 @@ def test_reported_metrics(run_a, storage):
     assert final["latest_checkpoint_dir_name"] == "checkpoint_000001"
 
 
+def test_every_checkpoint_is_evaluated_on_held_out_rows(run_a, storage):
+    _, rows = results(storage, "exp-a")
+    saved = [r for r in rows if r.get("checkpoint_dir_name")]
+    # 5 % of the 16 rows that fit, at least one, held out with the seed.
+    assert all(r["eval_rows"] == 1 and r["dataset_rows"] == 17 for r in rows)
+    losses = [r["eval_loss"] for r in saved]
+    assert len(losses) == 2 and all(0 < x < math.log(tiny.VOCAB_SIZE) + 1.5 for x in losses), losses
+    assert losses[1] < losses[0], losses  # the model learns what the held-out row's category says
+    assert all(r["eval_tokens"] > 0 for r in saved)
+    # Logging lines carry no evaluation: an eval_loss is its checkpoint's own.
+    assert not any("eval_loss" in r for r in rows if not r.get("checkpoint_dir_name"))
+    doc = mark(storage, "exp-a")
+    assert [c["metrics"]["eval_loss"] for c in doc["checkpoints"]] == losses
+
+
 def test_loss_is_true_token_mean_and_falls(run_a, storage):
     _, rows = results(storage, "exp-a")
     losses = [r["loss"] for r in rows if "loss" in r and "train_runtime" not in r]
@@ -167,7 +182,7 @@ def test_completion_mark_after_success(run_a, storage):
     assert doc["status"] == "succeeded" and doc["error"] is None
     # The toy dataset's one over-long row, left out and counted (1 of 17 is
     # within the 0.1 allowed here).
-    assert doc["data"] == {"rows": 17, "droppedRows": 1, "maxSeqLength": 512}
+    assert doc["data"] == {"rows": 17, "droppedRows": 1, "maxSeqLength": 512, "evalRows": 1}
     assert all(r["dropped_rows"] == 1 and r["dataset_rows"] == 17 for r in rows)
     assert doc["trialPath"] == trial
     assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS, STEPS]

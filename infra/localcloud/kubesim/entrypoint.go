@@ -38,6 +38,8 @@ type trainerArgs struct {
 	// maxDroppedShare is the largest share of rows the length filter may
 	// leave out before the trainer refuses to train.
 	maxDroppedShare float64
+	evalShare       float64 // share of the rows held out for evaluation
+	evalSplit       string
 	bucket, prefix  string // storagePath split
 }
 
@@ -122,6 +124,8 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.loggingSteps = num("logging-steps", 10)
 	a.maxSeqLength = num("max-seq-length", td.MaxSeqLength)
 	a.maxDroppedShare = flt("max-dropped-share", td.MaxDroppedShare)
+	a.evalShare = flt("eval-share", 0.05)
+	a.evalSplit = str("eval-split", "")
 	if a.storagePath == "" {
 		errs = append(errs, errors.New("the following arguments are required: --storage-path"))
 	} else if b, p, ok := splitGS(a.storagePath); !ok {

@@ -304,7 +304,7 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 	var data any
 	for i := len(t.rows) - 1; i >= 0; i-- {
 		if n, ok := t.rows[i]["dataset_rows"]; ok {
-			data = map[string]any{"rows": n, "droppedRows": t.rows[i]["dropped_rows"], "maxSeqLength": t.rows[i]["max_seq_length"]}
+			data = map[string]any{"rows": n, "droppedRows": t.rows[i]["dropped_rows"], "maxSeqLength": t.rows[i]["max_seq_length"], "evalRows": t.rows[i]["eval_rows"]}
 			break
 		}
 	}

@@ -172,9 +172,13 @@ func TestSucceeds(t *testing.T) {
 	if len(final.Checkpoints) != 3 || final.LatestCheckpoint == nil || final.BestCheckpoint == nil || final.GPUHours == nil {
 		t.Fatalf("succeeded event %+v", final)
 	}
-	// 3 steps an epoch of 16 workers x 4 samples, and the one row too long.
-	if d := final.Data; d == nil || *d != (checkpoints.DataStats{Rows: 3*64 + 1, DroppedRows: 1, MaxSeqLength: 1024}) {
+	// 3 steps an epoch of 16 workers x 4 samples, the 10 rows held out
+	// (5 % of what fits) and the one row too long.
+	if d := final.Data; d == nil || *d != (checkpoints.DataStats{Rows: 3*64 + 10 + 1, DroppedRows: 1, MaxSeqLength: 1024, EvalRows: 10}) {
 		t.Errorf("succeeded event's data %+v", d)
+	}
+	if _, ok := final.BestCheckpoint.Metrics["eval_loss"]; !ok || final.BestBy != "eval_loss" {
+		t.Errorf("best checkpoint %+v chosen by %q, want by eval_loss", final.BestCheckpoint, final.BestBy)
 	}
 	for _, c := range final.Checkpoints {
 		name := strings.TrimPrefix(c.URI, "gs://"+output+"/") + "/adapter_model.safetensors"
@@ -208,7 +212,7 @@ func TestTooManyLongRows(t *testing.T) {
 	runID := upload(t, "longrows", specFor(t, "e2e-longrows", nil), "steps=2,dropped=20")
 	r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Failed || r.Attempt != 1 || r.Reason != runs.ApplicationError ||
-		!strings.Contains(r.Message, "20 of 148 rows (13.5 %) are longer than --max-seq-length 1024") ||
+		!strings.Contains(r.Message, "20 of 155 rows (12.9 %) are longer than --max-seq-length 1024") ||
 		!strings.Contains(r.Message, "training.maxDroppedShare") {
 		t.Fatalf("phase %s attempt %d reason %s %q; want FAILED on attempt 1 naming the long rows", r.Phase, r.Attempt, r.Reason, r.Message)
 	}
