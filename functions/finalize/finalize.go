@@ -148,8 +148,9 @@ func merge(into, r *checkpoints.Result) {
 	if r.Latest != nil {
 		into.Latest = r.Latest
 	}
-	if r.Best != nil && (into.Best == nil || better(r.Best, into.Best)) {
-		into.Best = r.Best
+	// A later attempt's best wins a tie on no metric at all.
+	if r.Best != nil && (into.Best == nil || checkpoints.Better(r.Best, into.Best) || checkpoints.RankedBy(into.Best) == "") {
+		into.Best, into.BestBy = r.Best, checkpoints.RankedBy(r.Best)
 	}
 	if r.FinalMetrics != nil {
 		into.FinalMetrics = r.FinalMetrics
@@ -158,12 +159,6 @@ func merge(into, r *checkpoints.Result) {
 		into.Trial = r.Trial
 	}
 	into.Mark = r.Mark
-}
-
-func better(a, b *checkpoints.Checkpoint) bool {
-	al, aok := a.Metrics["loss"]
-	bl, bok := b.Metrics["loss"]
-	return aok && (!bok || al < bl)
 }
 
 // release gives the cluster up: the first queued run gets it, else the

@@ -179,12 +179,12 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 			continue
 		}
 		res.Latest = c
-		if res.Best == nil || better(c, res.Best) {
+		if res.Best == nil || Better(c, res.Best) {
 			res.Best = c
 		}
 	}
 	if res.Best != nil {
-		res.BestBy = rankedBy(res.Best)
+		res.BestBy = RankedBy(res.Best)
 	}
 	res.FinalMetrics = finalMetrics(res)
 	return res, nil
@@ -194,8 +194,8 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 // loss on the held-out rows, else the training loss.
 var rankingMetrics = []string{"eval_loss", "loss"}
 
-// rankedBy is the metric the best checkpoint c was chosen by.
-func rankedBy(c *Checkpoint) string {
+// RankedBy is the metric the best checkpoint c was chosen by.
+func RankedBy(c *Checkpoint) string {
 	for _, k := range rankingMetrics {
 		if _, ok := c.Metrics[k]; ok {
 			return k
@@ -204,9 +204,9 @@ func rankedBy(c *Checkpoint) string {
 	return ""
 }
 
-// better prefers the lower evaluation loss, else the lower training loss,
+// Better prefers the lower evaluation loss, else the lower training loss,
 // else the later checkpoint.
-func better(a, b *Checkpoint) bool {
+func Better(a, b *Checkpoint) bool {
 	for _, k := range rankingMetrics {
 		av, aok := a.Metrics[k]
 		bv, bok := b.Metrics[k]

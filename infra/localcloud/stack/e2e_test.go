@@ -562,17 +562,17 @@ func TestCLI(t *testing.T) {
 		code, out, errOut := raydrop("events", "--count", "2")
 		evDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
 	}()
-	go func() {
-		code, out, errOut := raydrop("events", "--json", "--type", "succeeded", "--count", "1")
-		jsonDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
-	}()
-	time.Sleep(2 * time.Second) // the events commands subscribe first
+	time.Sleep(2 * time.Second) // the events command subscribes first
 
 	code, out, errOut := raydrop("submit", file)
 	if code != 0 {
 		t.Fatalf("submit: exit %d: %s", code, errOut)
 	}
 	runID := strings.TrimSpace(out)
+	go func() { // other tests' runs end meanwhile: this one's only
+		code, out, errOut := raydrop("events", "--json", "--run", runID, "--type", "succeeded", "--count", "1")
+		jsonDone <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
+	}()
 	code, out, errOut = raydrop("watch", runID, "--interval", "300ms")
 	if code != 0 || !strings.Contains(out, "SUCCEEDED") || strings.Count(out, "checkpoint gs://") != 3 {
 		t.Fatalf("watch: exit %d\n%s\n%s", code, out, errOut)
