@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split to evaluate every checkpoint on (empty: hold out --eval-share of --dataset-split)")
     g.add_argument("--eval-share", type=_share, default=0.05,
                    help="share of --dataset-split held out for evaluation, at least one row, drawn with --seed; 0: no evaluation")
+    g.add_argument("--sample-answers", type=_non_negative_int, default=8,
+                   help="held-out rows answered after training by the tuned and the base model (0: none)")
     g.add_argument("--quantization", choices=("none", "4bit"), default="none",
                    help="none: bf16 weights; 4bit: bitsandbytes NF4 with double quantisation (QLoRA)")
     g.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")

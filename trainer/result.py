@@ -16,6 +16,9 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 RESULT_FILE = "raydrop_result.json"
+# The sample answers (samples.py), beside the mark.
+SAMPLES_DIR = "samples"
+SAMPLES_FILE = "samples.json"
 SCHEMA_VERSION = 1
 TRIAL_PREFIX = "TorchTrainer_"
 
@@ -164,7 +167,20 @@ def build(
         "trialPath": trial_uri,
     }
     doc.update(summarize(rows, trial_uri))
+    doc["samples"] = samples_summary(fs, experiment_fs_path, experiment_uri)
     return doc
+
+
+def samples_summary(fs, experiment_fs_path: str, experiment_uri: str) -> Optional[Dict[str, Any]]:
+    """The mark's samples entry ({uri, count, seconds}), or None when none were written."""
+    path = posixpath.join(experiment_fs_path, SAMPLES_DIR, SAMPLES_FILE)
+    try:
+        with fs.open_input_stream(path) as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except (OSError, FileNotFoundError, ValueError):
+        return None
+    return {"uri": join(experiment_uri, SAMPLES_DIR, SAMPLES_FILE), "count": doc.get("count", 0),
+            "seconds": doc.get("seconds", 0.0)}
 
 
 def write(storage_path: str, experiment_name: str, doc: Dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import result  # noqa: E402
 
 # Modules whose code the Ray workers need. They are pickled by value, so the
 # workers do not depend on the code directory being on their import path.
-WORKER_MODULES = ("cli", "data", "modeling", "sft", "worker")
+WORKER_MODULES = ("cli", "data", "modeling", "result", "samples", "sft", "worker")
 
 
 def _log(msg: str) -> None:
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                 "error": result.error_text(exc),
                 "experimentPath": result.join(result.normalize_storage_path(args.storage_path), args.experiment_name),
                 "trialPath": None,
-                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {}, "data": None,
+                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {}, "data": None, "samples": None,
             }
             _announce(args, result.write(args.storage_path, args.experiment_name, doc))
         except Exception:

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional
 
 import data
 import modeling
+import samples
 import sft
 from cli import effective_lr_scheduler
 
@@ -307,3 +308,7 @@ def train_func(config: Dict[str, Any]) -> None:
         log.info("trainable parameters: %d of %d", trainable, total)
     trainer.train(resume_from_checkpoint=resume_dir)
     shutil.rmtree(output_dir, ignore_errors=True)
+    if rank == 0 and args.sample_answers > 0 and eval_dataset is not None:
+        rows = eval_dataset.select(range(min(args.sample_answers, len(eval_dataset))))
+        doc = samples.write(trainer.model, processor, rows, args.storage_path, args.experiment_name)
+        log.info("wrote %d sample answers (tuned and base) in %.1f s", doc["count"], doc["seconds"])

@@ -78,6 +78,15 @@ type Mark struct {
 	Error        string             `json:"error,omitempty"`
 	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
 	Data         *DataStats         `json:"data,omitempty"`
+	Samples      *Samples           `json:"samples,omitempty"`
+}
+
+// Samples are the answers the tuned and the base model gave to held-out
+// rows after training, in a JSON file beside the completion mark.
+type Samples struct {
+	URI     string  `json:"uri"`
+	Count   int     `json:"count"`
+	Seconds float64 `json:"seconds"` // the time generating them took
 }
 
 // DataStats is what the trainer's length filter made of the dataset: rows
@@ -334,11 +343,12 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 		Error        *string        `json:"error"`
 		FinalMetrics map[string]any `json:"finalMetrics"`
 		Data         *DataStats     `json:"data"`
+		Samples      *Samples       `json:"samples"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), ErrUnreadable, err)
 	}
-	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}, Data: raw.Data}
+	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}, Data: raw.Data, Samples: raw.Samples}
 	if raw.Error != nil {
 		m.Error = *raw.Error
 	}

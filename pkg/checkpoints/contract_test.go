@@ -27,6 +27,7 @@ type trainerMark struct {
 	} `json:"checkpoints"`
 	LatestCheckpoint *string                `json:"latestCheckpoint"`
 	Data             *checkpoints.DataStats `json:"data"`
+	Samples          *checkpoints.Samples   `json:"samples"`
 }
 
 // TestTrainerLayoutContract runs checkpoint discovery over a storage tree
@@ -64,6 +65,12 @@ func TestTrainerLayoutContract(t *testing.T) {
 				t.Errorf("mark data: discovery %+v, file %+v", *res.Mark.Data, *m.Data)
 			case m.Status == "succeeded" && (m.Data == nil || m.Data.Rows == 0):
 				t.Errorf("a succeeded run's mark has no dataset counts: %+v", m.Data)
+			}
+			if (res.Mark.Samples == nil) != (m.Samples == nil) || m.Samples != nil && *res.Mark.Samples != *m.Samples {
+				t.Errorf("mark samples: discovery %+v, file %+v", res.Mark.Samples, m.Samples)
+			}
+			if m.Status == "succeeded" && (m.Samples == nil || m.Samples.Count == 0) {
+				t.Errorf("a succeeded run's mark names no sample answers: %+v", m.Samples)
 			}
 			var complete []checkpoints.Checkpoint
 			for _, c := range res.Checkpoints {

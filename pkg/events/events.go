@@ -76,6 +76,8 @@ type Run struct {
 	// Data is what the length filter made of the dataset: its rows, and
 	// those left out as longer than the spec's maxSeqLength.
 	Data *checkpoints.DataStats `json:"data,omitempty"`
+	// Samples locates the tuned and base model's answers to held-out rows.
+	Samples *checkpoints.Samples `json:"samples,omitempty"`
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`

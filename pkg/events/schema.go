@@ -61,6 +61,15 @@ func Schema(phase string) []byte {
 				"evalRows":     map[string]any{"type": "integer", "minimum": 0},
 			},
 		},
+		"samples": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"uri", "count", "seconds"},
+			"description": "the tuned and the base model's answers to held-out rows (samples.json), and the seconds generating them took (also timings.sampleAnswers)",
+			"properties": map[string]any{
+				"uri":     map[string]any{"type": "string", "minLength": 1},
+				"count":   map[string]any{"type": "integer", "minimum": 0},
+				"seconds": map[string]any{"type": "number", "minimum": 0},
+			},
+		},
 		"timings":          numberMap(),
 		"gpuHours":         map[string]any{"type": "number", "minimum": 0},
 		"estimatedCostUsd": map[string]any{"type": "number", "minimum": 0},

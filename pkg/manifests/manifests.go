@@ -264,6 +264,7 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--max-seq-length", itoa(t.MaxSeqLength),
 		"--max-dropped-share", ftoa(t.MaxDroppedShare),
 		"--eval-share", ftoa(s.Dataset.EvalShare),
+		"--sample-answers", itoa(s.Dataset.SampleAnswers),
 		"--logging-steps", itoa(t.LoggingSteps),
 		"--save-strategy", t.SaveStrategy,
 		"--save-steps", itoa(t.SaveSteps),

@@ -341,8 +341,11 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 		d.LatestCheckpoint = r.Result.Latest
 		d.BestCheckpoint, d.BestBy = r.Result.Best, r.Result.BestBy
 		d.FinalMetrics = r.Result.FinalMetrics
-		if r.Result.Mark != nil {
-			d.Data = r.Result.Mark.Data
+		if m := r.Result.Mark; m != nil {
+			d.Data, d.Samples = m.Data, m.Samples
+			if m.Samples != nil {
+				d.Timings["sampleAnswers"] = m.Samples.Seconds
+			}
 		}
 	}
 	h := GPUHours(r, end)

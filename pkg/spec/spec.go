@@ -60,6 +60,9 @@ type Dataset struct {
 	// evaluated on.
 	EvalSplit string  `json:"evalSplit" spec:"kind=token,max=64,optional" doc:"Dataset split to evaluate on; empty: hold out evalShare of the training split."`
 	EvalShare float64 `json:"evalShare" spec:"min=0,max=0.5" doc:"Share of the training split held out for evaluation (at least one row) when evalSplit is empty, drawn with training.seed; 0 turns evaluation off."`
+	// SampleAnswers is how many held-out rows the tuned and the base model
+	// answer after training.
+	SampleAnswers int `json:"sampleAnswers" spec:"min=0,max=64" doc:"Held-out rows answered after training by the tuned model and by the base model (greedy, at most 256 new tokens), written beside the completion mark; 0: none."`
 }
 
 // LoRA configures the adapter.
@@ -164,9 +167,10 @@ func Defaults() JobSpec {
 			Quantization: "none",
 		},
 		Dataset: Dataset{
-			ID:        "philschmid/amazon-product-descriptions-vlm",
-			Split:     "train",
-			EvalShare: 0.05,
+			ID:            "philschmid/amazon-product-descriptions-vlm",
+			Split:         "train",
+			EvalShare:     0.05,
+			SampleAnswers: 8,
 		},
 		LoRA: LoRA{
 			R:             16,

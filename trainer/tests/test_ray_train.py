@@ -157,6 +157,25 @@ def test_every_checkpoint_is_evaluated_on_held_out_rows(run_a, storage):
     assert [c["metrics"]["eval_loss"] for c in doc["checkpoints"]] == losses
 
 
+def test_sample_answers_by_rank_0(run_a, storage):
+    folder = os.path.join(storage, "exp-a", "samples")
+    with open(os.path.join(folder, "samples.json")) as f:
+        doc = json.load(f)
+    # --sample-answers 8 of the one held-out row.
+    assert doc["count"] == 1 and len(doc["samples"]) == 1 and doc["seconds"] > 0
+    (s,) = doc["samples"]
+    for key in ("productName", "category", "prompt", "image", "reference", "base", "tuned"):
+        assert isinstance(s[key], str), (key, s)
+    assert s["prompt"].endswith("<start_of_turn>model\n") and s["reference"] in [d for _, d in tiny.CATEGORIES.values()]
+    assert sorted(os.listdir(folder)) == ["sample-00.png", "samples.json"]
+    from PIL import Image
+
+    assert Image.open(os.path.join(folder, s["image"])).size == (48, 40)
+    assert (run_a.stdout + run_a.stderr).count("wrote 1 sample answers") == 1  # rank 0 only
+    assert mark(storage, "exp-a")["samples"] == {
+        "uri": os.path.join(storage, "exp-a", "samples", "samples.json"), "count": 1, "seconds": doc["seconds"]}
+
+
 def test_loss_is_true_token_mean_and_falls(run_a, storage):
     _, rows = results(storage, "exp-a")
     losses = [r["loss"] for r in rows if "loss" in r and "train_runtime" not in r]

@@ -40,6 +40,7 @@ type trainerArgs struct {
 	maxDroppedShare float64
 	evalShare       float64 // share of the rows held out for evaluation
 	evalSplit       string
+	sampleAnswers   int
 	bucket, prefix  string // storagePath split
 }
 
@@ -126,6 +127,7 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.maxDroppedShare = flt("max-dropped-share", td.MaxDroppedShare)
 	a.evalShare = flt("eval-share", 0.05)
 	a.evalSplit = str("eval-split", "")
+	a.sampleAnswers = num("sample-answers", 8)
 	if a.storagePath == "" {
 		errs = append(errs, errors.New("the following arguments are required: --storage-path"))
 	} else if b, p, ok := splitGS(a.storagePath); !ok {

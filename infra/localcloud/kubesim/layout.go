@@ -310,6 +310,7 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 	}
 	doc := map[string]any{
 		"data":             data,
+		"samples":          t.samples,
 		"schemaVersion":    1,
 		"runId":            a.runID,
 		"status":           status,

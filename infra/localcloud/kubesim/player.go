@@ -220,6 +220,7 @@ type trainer struct {
 	lastIter time.Time
 	data     map[string]any // the length filter's counts, in every report
 	evalRows int            // rows every checkpoint is evaluated on
+	samples  any            // the mark's samples entry, once written
 }
 
 // train runs the steps and returns the Ray job's terminal status, "" if the
@@ -332,6 +333,12 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 			return "", ""
 		}
 		return t.fail(ctx, fmt.Sprintf("OSError: %v", err), total)
+	}
+	if err := t.writeSamples(ctx); err != nil {
+		if ctx.Err() != nil {
+			return "", ""
+		}
+		return t.fail(ctx, fmt.Sprintf("OSError: write sample answers: %v", err), total)
 	}
 	if err := t.writeMark(ctx, "succeeded", nil); err != nil {
 		if ctx.Err() != nil {

@@ -177,6 +177,13 @@ func TestSucceeds(t *testing.T) {
 	if d := final.Data; d == nil || *d != (checkpoints.DataStats{Rows: 3*64 + 10 + 1, DroppedRows: 1, MaxSeqLength: 1024, EvalRows: 10}) {
 		t.Errorf("succeeded event's data %+v", d)
 	}
+	if s := final.Samples; s == nil || s.Count != 8 || !strings.HasSuffix(s.URI, "/samples/samples.json") {
+		t.Errorf("succeeded event's samples %+v, want 8 in samples/samples.json", s)
+	} else if _, ok := final.Timings["sampleAnswers"]; !ok {
+		t.Errorf("timings %v lack sampleAnswers", final.Timings)
+	} else if _, err := st.GCS.Bucket(output).Object(strings.TrimPrefix(s.URI, "gs://"+output+"/")).Attrs(context.Background()); err != nil {
+		t.Errorf("samples %s: %v", s.URI, err)
+	}
 	if _, ok := final.BestCheckpoint.Metrics["eval_loss"]; !ok || final.BestBy != "eval_loss" {
 		t.Errorf("best checkpoint %+v chosen by %q, want by eval_loss", final.BestCheckpoint, final.BestBy)
 	}

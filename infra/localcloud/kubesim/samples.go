@@ -1,0 +1,56 @@
+package kubesim
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"time"
+)
+
+// writeSamples writes what trainer/samples.py writes after a successful
+// run: <experiment>/samples/samples.json and one PNG per held-out row
+// answered (--sample-answers of them, at most the held-out rows). The
+// simulated job has no model: the answers say they are simulated, and the
+// images are solid colours of the toy dataset's size.
+func (t *trainer) writeSamples(ctx context.Context) error {
+	n := min(t.a.sampleAnswers, t.evalRows)
+	if n <= 0 {
+		return nil
+	}
+	start := time.Now()
+	dir := t.a.experimentName() + "/samples/"
+	var items []map[string]any
+	for i := range n {
+		img := image.NewRGBA(image.Rect(0, 0, 48, 40))
+		c := color.RGBA{R: uint8(40 * i), G: 120, B: 200, A: 255}
+		for y := range 40 {
+			for x := range 48 {
+				img.Set(x, y, c)
+			}
+		}
+		var buf bytes.Buffer
+		if err := png.Encode(&buf, img); err != nil {
+			return err
+		}
+		name := fmt.Sprintf("sample-%02d.png", i)
+		if err := t.st.put(ctx, t.a.bucket, dir+name, buf.Bytes()); err != nil {
+			return err
+		}
+		items = append(items, map[string]any{
+			"productName": fmt.Sprintf("Simulated product %d", i), "category": "Toys & Games",
+			"prompt": "<bos><start_of_turn>user\n(simulated prompt)<start_of_image><end_of_turn>\n<start_of_turn>model\n",
+			"image":  name, "reference": "A simulated reference description.",
+			"base": "A simulated answer of the base model.", "tuned": "A simulated answer of the tuned model.",
+		})
+	}
+	seconds := round(time.Since(start).Seconds(), 3)
+	doc := map[string]any{"schemaVersion": 1, "count": n, "maxNewTokens": 256, "seconds": seconds, "samples": items}
+	if err := t.st.put(ctx, t.a.bucket, dir+"samples.json", mustJSON(doc)); err != nil {
+		return err
+	}
+	t.samples = map[string]any{"uri": gsURI(t.a.bucket, dir+"samples.json"), "count": n, "seconds": seconds}
+	return nil
+}
