@@ -29,6 +29,9 @@ type command struct {
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// flags, when set, asks the command only for its flag set: parse
+	// stores it here and the command returns (shell completion).
+	flags **flag.FlagSet
 }
 
 func commands() []command {
@@ -43,6 +46,7 @@ func commands() []command {
 		{"migrate-state", "", "copy run records and cluster leases from the intake bucket to the state bucket (once, after upgrading a deployment made before the state bucket)", runMigrateState},
 		{"events", "[--json] [--run ID] [--type PHASE] [--count N]", "follow the public event topic and print each event (--json: structured CloudEvents)", runEvents},
 		{"dev", "", "start the local cloud and keep it up (from a raydrop checkout)", runDev},
+		{"completion", "bash|zsh|fish", "print the shell completion script (commands, flags, run IDs): source <(raydrop completion bash)", runCompletion},
 	}
 }
 
@@ -55,6 +59,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return ExitUsage
 		}
 		return ExitOK
+	}
+	if args[0] == "__complete" {
+		return runComplete(ctx, e, args[1:])
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -101,6 +108,10 @@ func newFlags(e *env, name, args, summary string) *flag.FlagSet {
 // arguments and returns the positionals. A --help request returns
 // flag.ErrHelp after printing usage to stdout.
 func parse(e *env, fs *flag.FlagSet, args []string) ([]string, int, bool) {
+	if e.flags != nil {
+		*e.flags = fs
+		return nil, ExitOK, false
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {

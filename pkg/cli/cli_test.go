@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -107,5 +109,72 @@ func TestValidateStdin(t *testing.T) {
 	code := cli.Run(context.Background(), []string{"validate", "-"}, bytes.NewReader(data), &out, &errb)
 	if code != 0 {
 		t.Errorf("exit %d: %s", code, errb.String())
+	}
+}
+
+func TestComplete(t *testing.T) {
+	t.Setenv("RAYDROP_PROJECT", "")
+	t.Setenv("RAYDROP_INTAKE_BUCKET", "")
+	lines := func(args ...string) []string {
+		t.Helper()
+		code, out, _ := run(append([]string{"__complete"}, args...)...)
+		if code != 0 {
+			t.Fatalf("__complete %v: exit %d", args, code)
+		}
+		return strings.Fields(out)
+	}
+	if got := lines(); !slices.Contains(got, "events") || !slices.Contains(got, "completion") || !slices.Contains(got, "watch") {
+		t.Errorf("commands: %v", got)
+	}
+	got := lines("events")
+	for _, want := range []string{"--json", "--run", "--type", "--count", "--project"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("events flags %v lack %s", got, want)
+		}
+	}
+	// After a flag that takes a value, the value is the user's: nothing.
+	if got := lines("events", "--type"); len(got) != 0 {
+		t.Errorf("after --type: %v", got)
+	}
+	// A boolean flag takes no value: the flags come again.
+	if got := lines("events", "--json"); !slices.Contains(got, "--count") {
+		t.Errorf("after --json: %v", got)
+	}
+	if got := lines("nosuch"); len(got) != 0 {
+		t.Errorf("unknown command: %v", got)
+	}
+}
+
+// TestCompletionScripts runs the bash script in a real bash, with a
+// raydrop that answers as __complete does, and checks what it offers.
+func TestCompletionScripts(t *testing.T) {
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		code, out, _ := run("completion", sh)
+		if code != 0 || !strings.Contains(out, "raydrop __complete") {
+			t.Errorf("completion %s: exit %d\n%s", sh, code, out)
+		}
+	}
+	if code, _, errOut := run("completion", "tcsh"); code != 2 || !strings.Contains(errOut, "bash, zsh or fish") {
+		t.Errorf("completion tcsh: exit %d %q", code, errOut)
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	_, script, _ := run("completion", "bash")
+	probe := script + `
+raydrop() {
+  [ "$1" = __complete ] || return 1; shift
+  if [ $# -eq 0 ]; then printf '%s\n' events every watch; else printf '%s\n' --type --json "--$1"; fi
+}
+COMP_WORDS=(raydrop ev); COMP_CWORD=1; _raydrop; echo "${COMPREPLY[@]}"
+COMP_WORDS=(raydrop events --ty); COMP_CWORD=2; _raydrop; echo "${COMPREPLY[@]}"
+`
+	out, err := exec.Command(bash, "--norc", "-c", probe).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bash: %v\n%s", err, out)
+	}
+	if got := strings.Split(strings.TrimSpace(string(out)), "\n"); len(got) != 2 || got[0] != "events every" || got[1] != "--type" {
+		t.Errorf("bash offered %q, want [\"events every\" \"--type\"]", got)
 	}
 }
