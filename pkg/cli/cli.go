@@ -87,12 +87,14 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "Run 'raydrop COMMAND --help' for a command's flags.")
 }
 
-// newFlags makes a command's flag set with a --help that prints its usage.
-func newFlags(e *env, name, args, summary string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// newFlags makes the named command's flag set with a --help that prints
+// its usage.
+func newFlags(e *env, name string) *flag.FlagSet {
+	c := findCommand(name)
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: raydrop %s %s\n\n%s\n", name, args, summary)
+		fmt.Fprintf(fs.Output(), "Usage: raydrop %s %s\n\n%s\n", c.name, c.args, c.summary)
 		var b strings.Builder
 		fs.SetOutput(&b)
 		fs.PrintDefaults()

@@ -20,32 +20,25 @@ var runIDCommands = map[string]bool{"status": true, "watch": true, "cancel": tru
 
 const completeListTimeout = 3 * time.Second
 
+// bashCompletion is the bash script; zsh runs it through bashcompinit.
+const bashCompletion = `_raydrop() {
+  local cur=${COMP_WORDS[COMP_CWORD]}
+  local IFS=$'\n'
+  COMPREPLY=($(compgen -W "$(raydrop __complete "${COMP_WORDS[@]:1:COMP_CWORD-1}" 2>/dev/null)" -- "$cur"))
+}
+complete -o default -F _raydrop raydrop
+`
+
 var completionScripts = map[string]string{
-	"bash": `# raydrop completion for bash: source <(raydrop completion bash)
-_raydrop() {
-  local cur=${COMP_WORDS[COMP_CWORD]}
-  local IFS=$'\n'
-  COMPREPLY=($(compgen -W "$(raydrop __complete "${COMP_WORDS[@]:1:COMP_CWORD-1}" 2>/dev/null)" -- "$cur"))
-}
-complete -o default -F _raydrop raydrop
-`,
-	"zsh": `# raydrop completion for zsh: source <(raydrop completion zsh)
-autoload -U +X bashcompinit && bashcompinit
-_raydrop() {
-  local cur=${COMP_WORDS[COMP_CWORD]}
-  local IFS=$'\n'
-  COMPREPLY=($(compgen -W "$(raydrop __complete "${COMP_WORDS[@]:1:COMP_CWORD-1}" 2>/dev/null)" -- "$cur"))
-}
-complete -o default -F _raydrop raydrop
-`,
+	"bash": "# raydrop completion for bash: source <(raydrop completion bash)\n" + bashCompletion,
+	"zsh":  "# raydrop completion for zsh: source <(raydrop completion zsh)\nautoload -U +X bashcompinit && bashcompinit\n" + bashCompletion,
 	"fish": `# raydrop completion for fish: raydrop completion fish | source
 complete -c raydrop -f -a '(raydrop __complete (commandline -opc)[2..-1] 2>/dev/null)'
 `,
 }
 
 func runCompletion(_ context.Context, e *env, args []string) int {
-	c := findCommand("completion")
-	fs := newFlags(e, c.name, c.args, c.summary)
+	fs := newFlags(e, "completion")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code

@@ -39,8 +39,7 @@ func (t *target) flags(fs *flag.FlagSet) {
 
 // deploymentFlags is the flag set of a command that talks to a deployment.
 func deploymentFlags(e *env, name string) (*flag.FlagSet, *target) {
-	c := findCommand(name)
-	fs := newFlags(e, c.name, c.args, c.summary)
+	fs := newFlags(e, name)
 	t := &target{}
 	t.flags(fs)
 	return fs, t

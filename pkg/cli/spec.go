@@ -61,8 +61,7 @@ func readLimited(file string, limit int64) ([]byte, error) {
 }
 
 func runValidate(_ context.Context, e *env, args []string) int {
-	c := findCommand("validate")
-	fs := newFlags(e, c.name, c.args, c.summary)
+	fs := newFlags(e, "validate")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code
@@ -79,8 +78,7 @@ func runValidate(_ context.Context, e *env, args []string) int {
 }
 
 func runRender(_ context.Context, e *env, args []string) int {
-	c := findCommand("render")
-	fs := newFlags(e, c.name, c.args, c.summary)
+	fs := newFlags(e, "render")
 	runID := fs.String("run-id", "", "run ID to render for (default: the spec's runId, else derived from the file's name and content)")
 	attempt := fs.Int("attempt", 1, "attempt number (1-based)")
 	resume := fs.String("resume-from", "", "checkpoint URI the attempt resumes from")

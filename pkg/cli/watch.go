@@ -275,8 +275,7 @@ func eventType(v string) (string, error) {
 }
 
 func runDev(ctx context.Context, e *env, args []string) int {
-	c := findCommand("dev")
-	fs := newFlags(e, c.name, c.args, c.summary)
+	fs := newFlags(e, "dev")
 	if _, code, ok := parse(e, fs, args); !ok {
 		return code
 	}
