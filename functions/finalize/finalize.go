@@ -88,8 +88,12 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 		}
 	}
 	now = h.Deps.Time()
+	uri, err := h.reportOf(ctx, rec, res, unreadable, now)
+	if err != nil {
+		return nil, nil, false, now, err
+	}
 	ended := false
-	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+	rec, err = h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		owed, held, ended = nil, false, false
 		changed := false
 		for _, p := range published {
@@ -98,6 +102,10 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 				delete(r.Publishing, p)
 				changed = true
 			}
+		}
+		if uri != "" && r.Report == "" {
+			r.Report = uri
+			changed = true
 		}
 		if r.Phase == runs.Finishing && res != nil {
 			if err := r.MarkEnded(res, unreadable, now); err != nil {

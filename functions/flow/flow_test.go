@@ -452,10 +452,22 @@ func TestSuccessWithDuplicateDeliveries(t *testing.T) {
 	}
 	var data map[string]any
 	_ = json.Unmarshal(w.events[len(w.events)-1].Data(), &data)
-	for _, k := range []string{"checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd"} {
+	for _, k := range []string{"checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "report"} {
 		if _, ok := data[k]; !ok {
 			t.Errorf("succeeded event lacks %s", k)
 		}
+	}
+	// The report was written once, beside the run, whatever was redelivered.
+	uri := "gs://" + output + "/raydrop/" + runID + "/report.html"
+	if data["report"] != uri || r.Report != uri {
+		t.Errorf("report %v in the event, %q in the record; want %s", data["report"], r.Report, uri)
+	}
+	a, err := w.gcs.Bucket(output).Object("raydrop/" + runID + "/report.html").Attrs(w.ctx)
+	if err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	if a.ContentType != "text/html; charset=utf-8" || a.Metageneration != 1 || a.Size < 1000 {
+		t.Errorf("report object %s, metageneration %d, %d bytes", a.ContentType, a.Metageneration, a.Size)
 	}
 }
 
@@ -795,6 +807,14 @@ func TestEndedRunAnnouncedAfterFinalizeDied(t *testing.T) {
 			t.Errorf("run %s still unannounced (%s, published %v)", id, r.Phase, r.Published)
 		}
 	}
+	// The delivery that announced the run wrote its report; a rejected
+	// spec names no bucket for one.
+	if r := w.record(runID); r.Report == "" {
+		t.Error("the run announced after finalize died has no report")
+	}
+	if r := w.record(rejected.RunID); r.Report != "" {
+		t.Errorf("the rejected run has report %s", r.Report)
+	}
 }
 
 // stalled records an accepted run as an intake delivery that died right
@@ -872,8 +892,8 @@ func TestOutsideTheDeploymentRejected(t *testing.T) {
 	}
 }
 
-// deniedBucket answers every read of one bucket with Cloud Storage's 403,
-// as for a bucket the functions' identity has no role on.
+// deniedBucket answers every request for one bucket with Cloud Storage's
+// 403, as for a bucket the functions' identity has no role on.
 type deniedBucket struct {
 	pipeline.Objects
 	bucket string
@@ -884,6 +904,13 @@ func (d deniedBucket) Bucket(b string) checkpoints.Store {
 		return deniedStore{d.Objects.Bucket(b)}
 	}
 	return d.Objects.Bucket(b)
+}
+
+func (d deniedBucket) Create(ctx context.Context, b, name string, data []byte, contentType string) error {
+	if b == d.bucket {
+		return errDenied
+	}
+	return d.Objects.Create(ctx, b, name, data, contentType)
 }
 
 type deniedStore struct{ checkpoints.Store }
@@ -922,6 +949,10 @@ func TestUnreadableCheckpointsEndTheRun(t *testing.T) {
 				}
 				if got := w.types(id); got[len(got)-1] != "failed" {
 					t.Errorf("run %s events %v, want failed last", id, got)
+				}
+				// The report cannot be written either: the event does not wait for it.
+				if r.Report != "" {
+					t.Errorf("run %s has report %s in a bucket it may not write", id, r.Report)
 				}
 			}
 			if w.workers() != 0 || w.lease().Holder != "" {

@@ -13,6 +13,7 @@ locals {
       entry_point     = "Provision"
       publishes       = ["provisioned", "submitted", "events"]
       reads_artifacts = true
+      writes_reports  = false
       kube = {
         configmaps  = ["create"]
         rayclusters = ["create", "get", "update"]
@@ -22,6 +23,7 @@ locals {
       entry_point     = "Submit"
       publishes       = ["submitted", "finished"]
       reads_artifacts = false
+      writes_reports  = false
       kube = {
         rayjobs = ["create"]
       }
@@ -30,6 +32,7 @@ locals {
       entry_point     = "Monitor"
       publishes       = ["provisioned", "finished", "events"]
       reads_artifacts = true
+      writes_reports  = false
       kube = {
         configmaps  = ["create"]
         rayclusters = ["create", "get", "list", "update"]
@@ -40,6 +43,7 @@ locals {
       entry_point     = "Finalize"
       publishes       = ["provisioned", "events"]
       reads_artifacts = true
+      writes_reports  = true
       kube = {
         configmaps  = ["create"]
         rayclusters = ["create", "get", "update"]
@@ -167,6 +171,17 @@ resource "google_storage_bucket_iam_member" "artifacts_viewer" {
   for_each = { for k, f in local.functions : k => f if f.reads_artifacts }
   bucket   = google_storage_bucket.artifacts.name
   role     = "roles/storage.objectViewer"
+  member   = google_service_account.function[each.key].member
+}
+
+# Finalize writes each run's report beside its checkpoints. objectCreator
+# creates objects and cannot replace or delete one; finalize creates the
+# report under the precondition that none exists (ifGenerationMatch=0).
+# https://cloud.google.com/storage/docs/access-control/iam-roles
+resource "google_storage_bucket_iam_member" "artifacts_report_creator" {
+  for_each = { for k, f in local.functions : k => f if f.writes_reports }
+  bucket   = google_storage_bucket.artifacts.name
+  role     = "roles/storage.objectCreator"
   member   = google_service_account.function[each.key].member
 }
 

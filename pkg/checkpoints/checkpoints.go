@@ -359,3 +359,37 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 	}
 	return m, nil
 }
+
+// SamplesDir is the folder of the sample answers in an experiment folder:
+// samples.json and the images of the held-out rows it names.
+const SamplesDir = "samples"
+
+// SamplesFile is the sample answers' JSON file in SamplesDir.
+const SamplesFile = "samples.json"
+
+// Series returns the metrics of every report of the newest trial of the
+// experiment folder, in the order Ray Train logged them: the training
+// curves. The trainer's closing summary (the report holding train_runtime)
+// is left out: it repeats the last step with averages over the run.
+func Series(ctx context.Context, st Store, experiment string) ([]map[string]float64, error) {
+	experiment = strings.TrimSuffix(experiment, "/")
+	names, err := st.List(ctx, experiment+"/")
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", st.URI(experiment), err)
+	}
+	trial := newestTrial(experiment, names)
+	if trial == "" {
+		return nil, nil
+	}
+	lines, err := readResult(ctx, st, trial+"/"+ResultFile)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]map[string]float64, 0, len(lines))
+	for _, l := range lines {
+		if _, summary := l.metrics["train_runtime"]; !summary {
+			out = append(out, l.metrics)
+		}
+	}
+	return out, nil
+}

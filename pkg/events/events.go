@@ -78,6 +78,9 @@ type Run struct {
 	Data *checkpoints.DataStats `json:"data,omitempty"`
 	// Samples locates the tuned and base model's answers to held-out rows.
 	Samples *checkpoints.Samples `json:"samples,omitempty"`
+	// Report is the gs:// URI of the run's report: one self-contained HTML
+	// page with its curves, timeline, checkpoints, samples and cost.
+	Report string `json:"report,omitempty"`
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`

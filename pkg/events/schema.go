@@ -70,6 +70,7 @@ func Schema(phase string) []byte {
 				"seconds": map[string]any{"type": "number", "minimum": 0},
 			},
 		},
+		"report":           map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
 		"timings":          numberMap(),
 		"gpuHours":         map[string]any{"type": "number", "minimum": 0},
 		"estimatedCostUsd": map[string]any{"type": "number", "minimum": 0},

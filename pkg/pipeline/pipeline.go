@@ -41,7 +41,12 @@ type Objects interface {
 	Read(ctx context.Context, bucket, name string, limit int64) ([]byte, map[string]string, error)
 	// Bucket is a checkpoints.Store over a bucket.
 	Bucket(bucket string) checkpoints.Store
+	// Create writes a new object; ErrExists if the name is taken.
+	Create(ctx context.Context, bucket, name string, data []byte, contentType string) error
 }
+
+// ErrExists is returned by Objects.Create for a name already taken.
+var ErrExists = errors.New("object already exists")
 
 // Publisher publishes Pub/Sub messages.
 type Publisher interface {
@@ -336,6 +341,7 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 		d.StartedAt = &c
 	}
 	d.Timings = timings(r, end)
+	d.Report = r.Report
 	if r.Result != nil {
 		d.Checkpoints = r.Result.Checkpoints
 		d.LatestCheckpoint = r.Result.Latest

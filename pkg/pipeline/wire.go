@@ -20,6 +20,7 @@ import (
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
+	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -161,6 +162,32 @@ func (g *GCS) Read(ctx context.Context, bucket, name string, limit int64) ([]byt
 		return b, nil, nil // the content is what matters
 	}
 	return b, attrs.Metadata, nil
+}
+
+// Create writes a new object under the precondition that none has its name
+// (ifGenerationMatch=0), which needs only storage.objects.create: replacing
+// an object would also need storage.objects.delete.
+// https://cloud.google.com/storage/docs/request-preconditions#special-case
+// https://cloud.google.com/storage/docs/access-control/iam-permissions#object_permissions
+func (g *GCS) Create(ctx context.Context, bucket, name string, data []byte, contentType string) error {
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	w := g.Client.Bucket(bucket).Object(name).If(storage.Conditions{DoesNotExist: true}).NewWriter(ctx)
+	w.ContentType = contentType
+	w.ChunkSize = 0 // one request: the content is in memory
+	if _, err := w.Write(data); err != nil {
+		_ = w.Close()
+		return fmt.Errorf("write gs://%s/%s: %w", bucket, name, err)
+	}
+	err := w.Close()
+	var ge *googleapi.Error
+	if errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed {
+		return fmt.Errorf("gs://%s/%s: %w", bucket, name, ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("write gs://%s/%s: %w", bucket, name, err)
+	}
+	return nil
 }
 
 // Bucket is a checkpoints.Store over a bucket.

@@ -23,6 +23,10 @@ type Function struct {
 	// function reads and writes the state bucket (records, leases); only
 	// the function triggered by the intake bucket reads it (ReadsIntake).
 	ReadsArtifacts bool
+	// WritesReports: the function creates the runs' reports in the
+	// checkpoint buckets (roles/storage.objectCreator: new objects only,
+	// never replacing one).
+	WritesReports bool
 	// Kube is the verbs the function uses on each kind of object, granted
 	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
 	// No function touches Secrets, pods or anything cluster-wide.
@@ -103,7 +107,7 @@ var Functions = []Function{
 		},
 	},
 	{
-		Name: "finalize", EntryPoint: "Finalize", ReadsArtifacts: true,
+		Name: "finalize", EntryPoint: "Finalize", ReadsArtifacts: true, WritesReports: true,
 		Triggers:  []Trigger{{Name: "finalize", Topic: TopicFinished}},
 		Publishes: []string{TopicProvisioned, TopicEvents},
 		// Deletes a cancelled run's job, scales the cluster to zero or

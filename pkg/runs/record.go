@@ -45,6 +45,8 @@ type Record struct {
 	Outcome Outcome `json:"outcome,omitempty"`
 
 	Result *checkpoints.Result `json:"result,omitempty"`
+	// Report is the gs:// URI of the run's report page, once written.
+	Report string `json:"report,omitempty"`
 
 	// Published lists the phases whose public event has gone out, so a
 	// redelivered message publishes nothing new.

@@ -79,6 +79,9 @@ func TestHCLMatchesWiring(t *testing.T) {
 		if hf.GetAttr("reads_artifacts").True() != fn.ReadsArtifacts {
 			t.Errorf("function %s: reads_artifacts differs from the wiring table (%v)", fn.Name, fn.ReadsArtifacts)
 		}
+		if hf.GetAttr("writes_reports").True() != fn.WritesReports {
+			t.Errorf("function %s: writes_reports differs from the wiring table (%v)", fn.Name, fn.WritesReports)
+		}
 		checkKube(t, fn, hf.GetAttr("kube"))
 		for _, tr := range fn.Triggers {
 			nTriggers++
@@ -141,16 +144,17 @@ func TestHCLMatchesWiring(t *testing.T) {
 // binding's role and bucket, and the selection of functions it applies to,
 // as the table says (state bucket: every function; intake bucket: the
 // functions its objects trigger, to read; checkpoint bucket: those that
-// read it; topics: what each publishes; the cluster: find and connect
+// read it, and the reports' writer, to create them; topics: what each publishes; the cluster: find and connect
 // only). No project-wide Kubernetes role may remain.
 func checkIAM(t *testing.T, body *hclsyntax.Body, src []byte) {
 	t.Helper()
 	want := map[string]struct{ role, target, selects string }{
-		"google_storage_bucket_iam_member.state_admin":      {"roles/storage.objectAdmin", "google_storage_bucket.state.name", "local.functions"},
-		"google_storage_bucket_iam_member.intake_viewer":    {"roles/storage.objectViewer", "google_storage_bucket.intake.name", `t.bucket == "intake"`},
-		"google_storage_bucket_iam_member.artifacts_viewer": {"roles/storage.objectViewer", "google_storage_bucket.artifacts.name", "f.reads_artifacts"},
-		"google_pubsub_topic_iam_member.publisher":          {"roles/pubsub.publisher", "google_pubsub_topic.topics[each.value.topic].id", "local.publisher_bindings"},
-		"google_project_iam_member.cluster_viewer":          {"roles/container.clusterViewer", "var.project_id", "local.functions"},
+		"google_storage_bucket_iam_member.state_admin":              {"roles/storage.objectAdmin", "google_storage_bucket.state.name", "local.functions"},
+		"google_storage_bucket_iam_member.intake_viewer":            {"roles/storage.objectViewer", "google_storage_bucket.intake.name", `t.bucket == "intake"`},
+		"google_storage_bucket_iam_member.artifacts_viewer":         {"roles/storage.objectViewer", "google_storage_bucket.artifacts.name", "f.reads_artifacts"},
+		"google_storage_bucket_iam_member.artifacts_report_creator": {"roles/storage.objectCreator", "google_storage_bucket.artifacts.name", "f.writes_reports"},
+		"google_pubsub_topic_iam_member.publisher":                  {"roles/pubsub.publisher", "google_pubsub_topic.topics[each.value.topic].id", "local.publisher_bindings"},
+		"google_project_iam_member.cluster_viewer":                  {"roles/container.clusterViewer", "var.project_id", "local.functions"},
 	}
 	text := func(a *hclsyntax.Attribute) string {
 		if a == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 
@@ -124,9 +125,23 @@ func (s *Stack) holdToGrants(target string) {
 			return 0, ""
 		case read && f.ReadsArtifacts && slices.Contains(s.opts.OutputBuckets, bucket): // roles/storage.objectViewer
 			return 0, ""
+		case f.WritesReports && perm == "storage.objects.create" && slices.Contains(s.opts.OutputBuckets, bucket) && createsOnly(path): // roles/storage.objectCreator
+			return 0, ""
 		}
 		return http.StatusForbidden, forbidden(target, perm)
 	})
+}
+
+// createsOnly reports whether an upload can only create an object:
+// objectCreator lacks storage.objects.delete, which replacing an existing
+// object needs, so Cloud Storage refuses it an upload over an existing
+// name. This proxy cannot see whether the name exists, so it refuses every
+// upload that could replace one: only ifGenerationMatch=0 passes.
+// https://cloud.google.com/storage/docs/access-control/iam-permissions#object_permissions
+func createsOnly(path string) bool {
+	_, query, _ := strings.Cut(path, "?")
+	q, err := url.ParseQuery(query)
+	return err == nil && q.Get("ifGenerationMatch") == "0"
 }
 
 // DenyBucket makes Cloud Storage refuse every request of function (an

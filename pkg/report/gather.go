@@ -1,0 +1,168 @@
+package report
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
+)
+
+// File is the report's name in the run's folder of the checkpoint bucket,
+// beside the attempts' experiment folders.
+const File = "report.html"
+
+// ContentType is the report's Cloud Storage content type, so that a
+// browser opening its authenticated URL renders it.
+const ContentType = "text/html; charset=utf-8"
+
+// Limits on what the report embeds: the sample answers' JSON and each of
+// their images (inlined as data: URLs, so the page needs nothing else).
+const (
+	maxSamplesJSON = 4 << 20
+	maxImage       = 2 << 20
+	maxSamples     = 32
+)
+
+// Object is where the run's report lives: its bucket and object name.
+// A run whose spec was rejected has none ("" bucket).
+func Object(rec *runs.Record) (bucket, name string) {
+	if rec.Spec == nil {
+		return "", ""
+	}
+	p := strings.TrimPrefix(manifests.StoragePath(rec.Spec, rec.RunID), "gs://")
+	bucket, prefix, _ := strings.Cut(p, "/")
+	return bucket, prefix + "/" + File
+}
+
+// URI is the report's gs:// address ("" for a run that has none).
+func URI(rec *runs.Record) string {
+	b, n := Object(rec)
+	if b == "" {
+		return ""
+	}
+	return "gs://" + b + "/" + n
+}
+
+// Build reads what the run's attempts left in their buckets and renders
+// the report of rec as it stands: the terminal record for a run that has
+// ended, the current one for a run still going. An object that cannot be
+// read (pipeline.Unreadable) is named in the report instead; any other
+// error is returned, for the caller to retry.
+func Build(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs.Record, cfg pipeline.Config, now time.Time) ([]byte, error) {
+	in := Input{Record: rec, Event: pipeline.EventData(rec, rec.Phase, cfg), GPUHourUSD: cfg.GPUHourUSD, Generated: now}
+	if rec.Spec != nil {
+		d := spec.Defaults()
+		in.Defaults = &d
+	}
+	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
+		b, exp := pipeline.Experiment(rec, n)
+		st := bucket(b)
+		lines, err := checkpoints.Series(ctx, st, exp)
+		if err := in.note(err); err != nil {
+			return nil, err
+		}
+		in.Series = append(in.Series, Attempt{N: n, Lines: lines})
+		if n == rec.Attempt && rec.Result != nil && rec.Result.Mark != nil && rec.Result.Mark.Samples != nil {
+			s, err := readSamples(ctx, st, exp+"/"+checkpoints.SamplesDir)
+			if err := in.note(err); err != nil {
+				return nil, err
+			}
+			in.Samples = s
+		}
+	}
+	return Render(in)
+}
+
+// note records an unreadable object in the report and returns any other
+// error.
+func (in *Input) note(err error) error {
+	switch {
+	case err == nil || errors.Is(err, checkpoints.ErrNotFound):
+		return nil
+	case pipeline.Unreadable(err):
+		in.Unreadable = append(in.Unreadable, err.Error())
+		return nil
+	}
+	return err
+}
+
+// samplesFile is samples.json as trainer/samples.py writes it.
+type samplesFile struct {
+	Count        int     `json:"count"`
+	MaxNewTokens int     `json:"maxNewTokens"`
+	Seconds      float64 `json:"seconds"`
+	Samples      []struct {
+		ProductName string `json:"productName"`
+		Category    string `json:"category"`
+		Prompt      string `json:"prompt"`
+		Image       string `json:"image"`
+		Reference   string `json:"reference"`
+		Base        string `json:"base"`
+		Tuned       string `json:"tuned"`
+	} `json:"samples"`
+}
+
+// readSamples reads the sample answers in dir and inlines their images.
+func readSamples(ctx context.Context, st checkpoints.Store, dir string) (*Samples, error) {
+	name := dir + "/" + checkpoints.SamplesFile
+	b, err := st.Read(ctx, name, maxSamplesJSON)
+	if err != nil {
+		return nil, err
+	}
+	var f samplesFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), checkpoints.ErrUnreadable, err)
+	}
+	out := &Samples{URI: st.URI(name), MaxNewTokens: f.MaxNewTokens, Seconds: f.Seconds}
+	for i, s := range f.Samples {
+		if i == maxSamples {
+			out.Left = len(f.Samples) - maxSamples
+			break
+		}
+		one := Sample{ProductName: s.ProductName, Category: s.Category, Prompt: s.Prompt, Reference: s.Reference, Base: s.Base, Tuned: s.Tuned, ImageName: s.Image}
+		if s.Image != "" {
+			img := dir + "/" + path.Base(s.Image)
+			one.ImageURI = st.URI(img)
+			data, err := st.Read(ctx, img, maxImage)
+			switch {
+			case err == nil:
+				// Only the image types the trainer writes are inlined: a data:
+				// URL of any other type is not one html/template lets through.
+				if mt := imageType(img); mt != "" {
+					one.Image = template.URL("data:" + mt + ";base64," + base64.StdEncoding.EncodeToString(data))
+				}
+			case errors.Is(err, checkpoints.ErrNotFound), pipeline.Unreadable(err):
+				one.ImageNote = err.Error()
+			default:
+				return nil, err
+			}
+		}
+		out.Samples = append(out.Samples, one)
+	}
+	return out, nil
+}
+
+func imageType(name string) string {
+	switch strings.ToLower(path.Ext(name)) {
+	case ".png":
+		return "image/png"
+	case ".jpg", ".jpeg":
+		return "image/jpeg"
+	case ".webp":
+		return "image/webp"
+	case ".gif":
+		return "image/gif"
+	}
+	return ""
+}
