@@ -27,6 +27,11 @@ export KUBEBUILDER_ASSETS := $(KUBE_BIN)
 export RAYDROP_CACHE
 export RAYDROP_FAKE_GCS := $(FAKE_GCS)
 
+# Debian's Chromium renders the run report in the end-to-end suite's browser
+# test; it comes from the machine's package registry (apt: as root, or sudo).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
 GO_TEST_FLAGS ?= -race -shuffle=on -count=1
 LAYOUT_DIR := $(CURDIR)/.build/trainer-layout
 
@@ -61,8 +66,8 @@ fuzz: ## Random interleavings of deliveries, crashes and cancellations against t
 	$(GO) test -count=1 -timeout 120m -run TestRandomInterleavings ./functions/flow -args -interleavings $(FUZZ_N) -seed $(FUZZ_SEED)
 
 .PHONY: localcloud-test
-localcloud-test: tools ## The local cloud's own tests, the end-to-end suite on it, then the proof suite (faults, bad input, secrets)
-	cd infra/localcloud && $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)
+localcloud-test: tools $(CHROMIUM) ## The local cloud's own tests, the end-to-end suite on it (the run report in a real Chromium too), then the proof suite (faults, bad input, secrets)
+	cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)
 	$(MAKE) --no-print-directory proof
 
 .PHONY: proof
@@ -129,6 +134,12 @@ $(FAKE_GCS):
 	@echo "tools: testing fake-gcs-server $(FAKE_GCS_VERSION) with the local cloud's store, then building it (first time on this machine: about two minutes)"
 	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test && GO=$(GO) ./build.sh $@.tmp
 	@mv $@.tmp $@
+
+$(CHROMIUM):
+	@echo "tools: installing Debian's chromium for the report's browser test (first time on this machine: about a minute)"
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+	$@ --version
 
 .PHONY: fakegcs-test
 fakegcs-test: ## fake-gcs-server's own tests against the local cloud's indexed store (also run whenever the store is built)

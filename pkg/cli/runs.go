@@ -300,6 +300,9 @@ func describe(w io.Writer, r *runs.Record) {
 		fmt.Fprintf(tw, "progress\t%s\n", progressText(r, time.Now()))
 	}
 	fmt.Fprintf(tw, "created\t%s\n", r.CreatedAt.Local().Format(time.DateTime))
+	if r.Report != "" {
+		fmt.Fprintf(tw, "report\t%s\n", r.Report)
+	}
 	_ = tw.Flush()
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  %s\n", p)

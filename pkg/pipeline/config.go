@@ -49,6 +49,10 @@ type Config struct {
 	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
 }
 
+// DefaultGPUHourUSD is the price of a GPU-hour cost estimates use when
+// RAYDROP_GPU_HOUR_USD is not set.
+const DefaultGPUHourUSD = "10"
+
 // DefaultTopics are the topics when no RAYDROP_TOPIC_* variable names
 // them: raydrop-<key>.
 func DefaultTopics() Topics {
@@ -127,7 +131,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.ScaleDownAge, err = time.ParseDuration(get("RAYDROP_SCALE_DOWN_GRACE", "10m")); err != nil || c.ScaleDownAge < 0 {
 		errs = append(errs, fmt.Errorf("RAYDROP_SCALE_DOWN_GRACE %q is not a duration such as 10m", getenv("RAYDROP_SCALE_DOWN_GRACE")))
 	}
-	if c.GPUHourUSD, err = strconv.ParseFloat(get("RAYDROP_GPU_HOUR_USD", "10"), 64); err != nil || c.GPUHourUSD < 0 {
+	if c.GPUHourUSD, err = strconv.ParseFloat(get("RAYDROP_GPU_HOUR_USD", DefaultGPUHourUSD), 64); err != nil || c.GPUHourUSD < 0 {
 		errs = append(errs, fmt.Errorf("RAYDROP_GPU_HOUR_USD %q is not a non-negative number", getenv("RAYDROP_GPU_HOUR_USD")))
 	}
 	if len(errs) > 0 {

@@ -290,10 +290,15 @@ func diff(d, s spec.JobSpec) []change {
 	for k := range b {
 		keys[k] = true
 	}
+	delete(keys, "$schema") // where the editor found the schema, not a setting
 	var out []change
 	for k := range keys {
 		if a[k] != b[k] {
-			out = append(out, change{Path: k, Default: orDash(a[k]), Value: orDash(b[k])})
+			def := a[k]
+			if def == "" || def == `""` {
+				def = "(no default)"
+			}
+			out = append(out, change{Path: k, Default: def, Value: orDash(b[k])})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })

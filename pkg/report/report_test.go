@@ -133,8 +133,11 @@ func TestReportOfASucceededRun(t *testing.T) {
 			t.Errorf("%q missing", s)
 		}
 	}
-	if strings.Contains(page, `<code>model.id</code>`) {
-		t.Error("a default field is listed as changed")
+	if strings.Contains(page, `<code>model.id</code>`) || strings.Contains(page, `<code>$schema</code>`) {
+		t.Error("a field that is not a changed setting is listed as changed")
+	}
+	if !strings.Contains(page, `<tr><td><code>output.bucket</code></td><td><code>(no default)</code></td><td><code>&#34;ckpt&#34;</code></td></tr>`) {
+		t.Error("a required field is not shown as having no default")
 	}
 	selfContained(t, page)
 }

@@ -206,9 +206,12 @@ func TestApplicationFailure(t *testing.T) {
 	if r.Phase != runs.Failed || r.Attempt != 1 || r.Reason != runs.ApplicationError || !strings.Contains(r.Message, "training failed") {
 		t.Fatalf("phase %s attempt %d reason %s %q; want FAILED on attempt 1 with the training error", r.Phase, r.Attempt, r.Reason, r.Message)
 	}
-	if evs := eventsOf(t, runID); count(evs, "failed") != 1 || terminalEvents(evs) != 1 {
+	evs := eventsOf(t, runID)
+	if count(evs, "failed") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
 	}
+	// A failed run gets its report too.
+	fetchReport(t, r, evs[len(evs)-1].Report, filepath.Join(reportDir, "failed.html"))
 	waitNoWorkers(t, "e2e-appfail")
 }
 
@@ -598,6 +601,16 @@ func TestCLI(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || json.Unmarshal([]byte(out), &status) != nil || rec.Phase != runs.Succeeded {
 		t.Errorf("status: exit %d:\n%s", code, out)
 	}
+	// The report: where it is, and the page itself.
+	if code, out, errOut := raydrop("report", runID); code != 0 || strings.TrimSpace(out) != rec.Report || rec.Report == "" {
+		t.Errorf("report: exit %d, %q (record: %q) %s", code, out, rec.Report, errOut)
+	}
+	page := t.TempDir() + "/report.html"
+	if code, _, errOut := raydrop("report", runID, "-o", page); code != 0 || !strings.Contains(errOut, "written when the run ended") {
+		t.Errorf("report -o: exit %d %s", code, errOut)
+	} else if got, err := os.ReadFile(page); err != nil || !bytes.Contains(got, []byte(`id="phase">SUCCEEDED<`)) {
+		t.Errorf("report -o wrote %d bytes (%v) without the run's phase", len(got), err)
+	}
 	// One shape: every key list prints is the record's, with its value.
 	for _, l := range listed {
 		if l["runId"] != runID {
@@ -643,6 +656,14 @@ func TestCLI(t *testing.T) {
 
 	hang := upload(t, "cli-cancel", specFor(t, "e2e-cli-cancel", nil), "outcome=hang,at=2")
 	waitPhase(t, hang, 60*time.Second, runs.Running)
+	// A run still going has no report yet; one can be rendered from what
+	// it has written so far.
+	if code, _, errOut := raydrop("report", hang); code != 1 || !strings.Contains(errOut, "has no report yet") {
+		t.Errorf("report of a running run: exit %d, %s", code, errOut)
+	}
+	if code, out, errOut := raydrop("report", hang, "-o", "-"); code != 0 || !strings.Contains(out, "The run has not ended") || !strings.Contains(out, `id="phase">RUNNING<`) {
+		t.Errorf("report -o - of a running run: exit %d %s\n%.300s", code, errOut, out)
+	}
 	if code, out, errOut := raydrop("cancel", hang); code != 0 {
 		t.Fatalf("cancel: exit %d %s %s", code, out, errOut)
 	}

@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string) int {
 	case "run":
 		rctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
-		if err := demo(rctx, st, specFile, data); err != nil {
+		if err := demo(rctx, st, specFile, data, filepath.Join(*repo, ".build", "run-report.html")); err != nil {
 			st.KeepState()
 			fmt.Fprintf(os.Stderr, "localcloud: %v (logs in %s)\n", err, st.StateDir())
 			return 1
@@ -106,7 +106,7 @@ func run(ctx context.Context, args []string) int {
 }
 
 // demo drops the spec into the intake bucket and follows the run.
-func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) error {
+func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, reportFile string) error {
 	sub := "raydrop-events-localcloud"
 	evs := make(chan *pubsubpb.PubsubMessage, 64)
 	if err := st.PubSub.Tap(ctx, stack.Topics.Events, sub, func(_ context.Context, m *pubsubpb.PubsubMessage) bool {
@@ -184,6 +184,9 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) er
 		}
 		fmt.Printf("checkpoint %s (step %d, epoch %g): adapter present\n", c.URI, c.Step, c.Epoch)
 	}
+	if err := saveReport(ctx, st, final.Report, reportFile); err != nil {
+		return err
+	}
 	kube, err := kubernetes.NewForConfig(st.Sim.Config)
 	if err != nil {
 		return err
@@ -203,4 +206,33 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte) er
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// saveReport copies the run's report, which the completion event names,
+// from the bucket to file, to open in a browser.
+func saveReport(ctx context.Context, st *stack.Stack, uri, file string) error {
+	bucket, name, ok := strings.Cut(strings.TrimPrefix(uri, "gs://"), "/")
+	if !ok || !strings.HasPrefix(uri, "gs://") {
+		return fmt.Errorf("the completion event names no report (%q)", uri)
+	}
+	rd, err := st.GCS.Bucket(bucket).Object(name).NewReader(ctx)
+	if err != nil {
+		return fmt.Errorf("report %s: %w", uri, err)
+	}
+	defer func() { _ = rd.Close() }()
+	page, err := io.ReadAll(rd)
+	if err != nil {
+		return fmt.Errorf("report %s: %w", uri, err)
+	}
+	if file, err = filepath.Abs(file); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(file, page, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("report %s (%d bytes) copied to %s: open it in a browser\n", uri, len(page), file)
+	return nil
 }
