@@ -42,7 +42,7 @@ var (
 func TestMain(m *testing.M) {
 	ctx := context.Background()
 	var err error
-	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, DefaultSim: "step=400ms", Progress: os.Stderr, Race: true})
+	st, err = stack.Start(ctx, stack.Options{Repo: "../../..", Tick: 2 * time.Second, OutputBuckets: []string{output}, DefaultSim: "step=400ms", Progress: os.Stderr, Race: true, Subscriber: true})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start local cloud: %v\n", err)
 		os.Exit(1)

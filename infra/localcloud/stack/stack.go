@@ -84,6 +84,9 @@ type Options struct {
 	// function's process at the first data race it sees (Exits lists it):
 	// the handlers serve many events at once, as deployed.
 	Race bool
+	// Subscriber deploys the example subscriber (examples/subscriber) with
+	// a trigger on the events topic, promoting into ModelsBucket.
+	Subscriber bool
 }
 
 // Stack is a running local cloud.
@@ -243,6 +246,15 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	}
 
 	routes, topicOf := s.routes(targets)
+	if o.Subscriber {
+		s.step("starting the example subscriber (examples/subscriber) on the events topic")
+		r, err := s.startSubscriber(ctx)
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, r)
+		topicOf[r.Name] = Topics.Name(pipeline.TopicEvents)
+	}
 	for _, r := range routes {
 		s.RouteNames = append(s.RouteNames, r.Name)
 	}
@@ -516,8 +528,7 @@ func (s *Stack) URL(fn string) string {
 // purpose: a crash.
 func (s *Stack) Exits() []string {
 	var out []string
-	for _, fn := range Functions {
-		f := s.funcs[fn]
+	for _, f := range s.funcs {
 		f.mu.Lock()
 		out = append(out, f.exits...)
 		f.mu.Unlock()
