@@ -32,8 +32,9 @@ infra-tools: $(TOFU) $(TF_GOOGLE) $(TF_KUBERNETES) $(TF_ARCHIVE) ## OpenTofu and
 INFRA_CHECK_ENV = TOFU=$(TOFU) PROVIDERS="$(dir $(TF_GOOGLE)) $(dir $(TF_KUBERNETES)) $(dir $(TF_ARCHIVE))"
 
 .PHONY: infra-check
-infra-check: infra-tools ## Offline check of the HCL: tofu fmt -check and tofu validate against the real provider schemas; then proves it fails on broken copies
+infra-check: infra-tools ## Offline check of the HCL (infra/gcp, examples/subscriber): tofu fmt -check and tofu validate against the real provider schemas; then proves it fails on broken copies
 	$(INFRA_CHECK_ENV) infra/gcp/check.sh $(INFRA_DIR)
+	$(INFRA_CHECK_ENV) infra/gcp/check.sh examples/subscriber
 	@set -eu; for fault in unknown-argument unformatted; do \
 	  tmp=$$(mktemp -d); cp -r infra/gcp/*.tf $$tmp/; \
 	  case $$fault in \
