@@ -22,7 +22,8 @@ const sweepWorkers = 32
 // Sweep is a tick's work: it checks every active (or ended but
 // unannounced) run against one LIST of RayJobs, which also re-admits
 // waiting runs and resends stalled steps, then scales down clusters that
-// have workers and no active run.
+// have workers and no active run, and publishes the events the message
+// bus still owes.
 func (h *Handler) Sweep(ctx context.Context) error {
 	sums, err := h.Deps.Runs.List(ctx)
 	if err != nil {
@@ -67,7 +68,12 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	h.Deps.Log.Info("sweep_done", "active_runs", len(todo), "rayjobs", len(jobs), "scaled_to_zero", scaled)
+	// The events the message bus did not take when they were published.
+	busSent, busOwed, err := h.Deps.RetryBus(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	h.Deps.Log.Info("sweep_done", "active_runs", len(todo), "rayjobs", len(jobs), "scaled_to_zero", scaled, "bus_published", busSent, "bus_owed", busOwed)
 	// A tick that failed for one run is not redelivered: the next tick
 	// comes in a minute and sweeps everything again.
 	if len(errs) > 0 {

@@ -29,6 +29,7 @@ locals {
     "compute.googleapis.com",
     "container.googleapis.com",
     "eventarc.googleapis.com",
+    "eventarcpublishing.googleapis.com", # the message bus (bus.tf)
     "iam.googleapis.com",
     "iamcredentials.googleapis.com",
     "logging.googleapis.com",

@@ -142,8 +142,20 @@ variable "function_concurrency" {
   }
 }
 
+variable "event_bus" {
+  description = "Create an Eventarc Advanced message bus (raydrop-events) that receives every public event too (bus.tf)."
+  type        = bool
+  default     = false
+}
+
+variable "event_bus_destination" {
+  description = "With event_bus: an HTTPS endpoint that an example enrollment sends every succeeded event to. Empty: no enrollment."
+  type        = string
+  default     = ""
+}
+
 variable "env" {
-  description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE, RAYDROP_EVENT_BUS)."
+  description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE)."
   type        = map(string)
   default     = {}
 }

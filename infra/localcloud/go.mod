@@ -9,12 +9,16 @@ go 1.26.0
 replace github.com/raydrop/raydrop => ../..
 
 require (
+	cloud.google.com/go/eventarc v1.27.1
 	cloud.google.com/go/pubsub/v2 v2.9.0
 	cloud.google.com/go/storage v1.70.0
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
+	github.com/chromedp/cdproto v0.159.0
+	github.com/chromedp/chromedp v0.23.0
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/fsouza/fake-gcs-server v1.56.1
 	github.com/go-logr/logr v1.4.4
+	github.com/googleapis/gax-go/v2 v2.27.0
 	github.com/hashicorp/hcl/v2 v2.24.0
 	github.com/ray-project/kuberay/ray-operator v1.5.0
 	github.com/raydrop/raydrop v0.0.0
@@ -51,8 +55,6 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/chromedp/cdproto v0.159.0 // indirect
-	github.com/chromedp/chromedp v0.23.0 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/distribution/reference v0.6.0 // indirect
@@ -77,7 +79,6 @@ require (
 	github.com/google/s2a-go v0.1.11 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/googleapis/enterprise-certificate-proxy v0.3.23 // indirect
-	github.com/googleapis/gax-go/v2 v2.27.0 // indirect
 	github.com/gorilla/handlers v1.5.2 // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
 	github.com/josharian/intern v1.0.0 // indirect

@@ -121,6 +121,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if len(c.OutputBuckets) == 0 && getenv("RAYDROP_OUTPUT_BUCKETS") != "" {
 		errs = append(errs, fmt.Errorf("RAYDROP_OUTPUT_BUCKETS %q names no bucket", getenv("RAYDROP_OUTPUT_BUCKETS")))
 	}
+	if c.EventBus != "" && !BusName.MatchString(c.EventBus) {
+		errs = append(errs, fmt.Errorf("RAYDROP_EVENT_BUS %q is not a message bus name (projects/P/locations/L/messageBuses/B)", c.EventBus))
+	}
 	if len(c.Namespaces) == 0 {
 		errs = append(errs, fmt.Errorf("RAYDROP_NAMESPACES %q names no namespace", getenv("RAYDROP_NAMESPACES")))
 	}

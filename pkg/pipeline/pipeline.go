@@ -14,6 +14,8 @@ import (
 	"slices"
 	"time"
 
+	"cloud.google.com/go/storage"
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 	"google.golang.org/api/googleapi"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -59,8 +61,13 @@ type Deps struct {
 	Runs      Runs
 	Objects   Objects
 	Publisher Publisher
-	Leases    LeaseStore
-	Ray       rayclient.Interface
+	// Bus, when the deployment names a message bus (Config.EventBus),
+	// receives every public event too (bus.go); the events it has not
+	// taken wait in StateBucket, the bucket of the run records.
+	Bus         Bus
+	StateBucket *storage.BucketHandle
+	Leases      LeaseStore
+	Ray         rayclient.Interface
 	// Kube is the core API group only (the trainer ConfigMaps): the full
 	// clientset would link and initialise every API group of Kubernetes.
 	Kube corev1client.CoreV1Interface
@@ -279,9 +286,12 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*run
 // rec at now, in order, all within publishWithin of each other. If one
 // fails, the claims of those not published are given up at once, so a
 // redelivery publishes them without waiting for the claims to expire.
+// Then the deployment's message bus gets them (toBus), off the topic's
+// deadline: a bus that is down or slow costs the run busWithin at most.
 func (d *Deps) Publish(ctx context.Context, rec *runs.Record, phases []runs.Phase, now time.Time) error {
 	pctx, cancel := context.WithTimeout(ctx, publishWithin)
 	defer cancel()
+	sent := make([]cloudevents.Event, 0, len(phases))
 	for i, p := range phases {
 		e, err := events.New(d.Config.EventSource, EventData(rec, p, d.Config), now)
 		if err == nil {
@@ -293,6 +303,15 @@ func (d *Deps) Publish(ctx context.Context, rec *runs.Record, phases []runs.Phas
 			return fmt.Errorf("publish %s event of run %s: %w", p.Event(), rec.RunID, err)
 		}
 		d.Log.Info("event_published", "run_id", rec.RunID, "type", e.Type())
+		sent = append(sent, e)
+	}
+	for _, e := range sent {
+		if err := d.toBus(ctx, rec.RunID, e); err != nil {
+			// Not on the bus and not written down: publish them all again
+			// (the topic's subscribers drop the copies by CloudEvent ID).
+			_, _ = d.settle(ctx, rec.RunID, nil, phases)
+			return err
+		}
 	}
 	return nil
 }

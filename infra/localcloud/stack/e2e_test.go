@@ -118,7 +118,7 @@ func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Pha
 
 // eventsOf waits until the run's terminal event arrived and a little more
 // (a duplicate would arrive by then), validates every event against its
-// schema, and returns them.
+// schema, checks that the message bus got the same ones, and returns them.
 func eventsOf(t *testing.T, runID string) []probe.Seen {
 	t.Helper()
 	// Longer than the events subscription's ack deadline, should the emulator
@@ -133,6 +133,9 @@ func eventsOf(t *testing.T, runID string) []probe.Seen {
 	for _, e := range seen {
 		validate(t, e.Run)
 	}
+	// The message bus got the same events, once each (longer: while
+	// TestBusOutage holds the bus down, they wait for the sweep).
+	onBus(t, runID, seen, 90*time.Second)
 	return seen
 }
 

@@ -51,6 +51,9 @@ const (
 	// StateBucket holds the run records and cluster leases; no trigger
 	// listens to it.
 	StateBucket = "raydrop-state"
+	// BusName is the Eventarc Advanced message bus the functions publish
+	// their public events to as well (RAYDROP_EVENT_BUS).
+	BusName = "projects/" + Project + "/locations/us-central1/messageBuses/raydrop-events"
 	// NotifyTopic carries fake-gcs-server's object notifications, as the
 	// topic behind an Eventarc storage trigger does.
 	NotifyTopic = "raydrop-gcs-notifications"
@@ -99,6 +102,9 @@ type Stack struct {
 	Storage    *emulators.Storage
 	Sim        *kubesim.Sim
 	Adapter    *eventarc.Adapter
+	// Bus is the deployment's Eventarc Advanced message bus (BusName),
+	// which the functions publish every public event to as well.
+	Bus        *eventarc.Bus
 	GCS        *storage.Client
 	PS         *pubsub.Client
 	Kubeconfig string
@@ -223,6 +229,10 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	hook := func(r faults.Request) { s.crashHook(r) }
 	s.KubeProxy.SetHook(hook)
 	s.GCSProxy.SetHook(hook)
+
+	if s.Bus, err = eventarc.StartBus(BusName); err != nil {
+		return nil, err
+	}
 
 	s.step("granting each function's identity its Role (RBAC) and bucket roles")
 	if err := s.grantAll(ctx); err != nil {
@@ -386,7 +396,8 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
-		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace)
+		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace,
+		"RAYDROP_EVENT_BUS="+BusName, pipeline.PublishingEndpointEnv+"="+s.Bus.Addr())
 	door, err := s.openPubSubDoor(target)
 	if err != nil {
 		return nil, err
@@ -745,6 +756,9 @@ func (s *Stack) Stop() {
 		}
 		for _, f := range s.funcs {
 			f.kill()
+		}
+		if s.Bus != nil {
+			s.Bus.Stop()
 		}
 		if s.Adapter != nil {
 			_ = s.Adapter.Close()
