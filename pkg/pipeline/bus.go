@@ -30,9 +30,9 @@ import (
 // bus under a short deadline of its own (busWithin); if the bus does not
 // take it, the event is written down as owed (owed/<run>/<phase>.json in
 // the state bucket, with its JSON) and the run goes on. Every sweep retries
-// the owed events: it claims one by a metadata write under a
-// metageneration precondition, so two sweeps never publish it both,
-// publishes it and deletes it. Only a sweep that dies between the publish
+// the owed events: it claims one by writing it again under a generation
+// precondition, so two sweeps never publish it both, publishes it and
+// deletes it. Only a sweep that dies between the publish
 // and the delete leaves a copy to be published again, under the same
 // CloudEvent ID, as on the topic.
 
@@ -148,7 +148,11 @@ func (d *Deps) RetryBus(ctx context.Context) (published, owed int, err error) {
 	return published, owed, errors.Join(errs...)
 }
 
-// retryOne claims one owed event, publishes it and deletes it.
+// retryOne claims one owed event, publishes it and deletes it. The claim
+// writes the event again over the generation it read (ifGenerationMatch),
+// with the claim's time in its metadata: of two sweeps, one claims and the
+// other gets 412. Publishing done, it deletes exactly the generation it
+// wrote, so a later claim by another sweep (after ClaimFor) survives.
 func (d *Deps) retryOne(ctx context.Context, listed *storage.ObjectAttrs) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
@@ -166,14 +170,6 @@ func (d *Deps) retryOne(ctx context.Context, listed *storage.ObjectAttrs) (bool,
 	if t, err := time.Parse(time.RFC3339Nano, a.Metadata[claimKey]); err == nil && now.Sub(t) < ClaimFor {
 		return false, nil // another sweep is at it
 	}
-	if _, err := o.If(storage.Conditions{MetagenerationMatch: a.Metageneration}).Update(ctx, storage.ObjectAttrsToUpdate{
-		Metadata: map[string]string{claimKey: now.Format(time.RFC3339Nano)},
-	}); err != nil {
-		if gcsdoc.IsPrecondition(err) || errors.Is(err, storage.ErrObjectNotExist) {
-			return false, nil // claimed or done by another sweep
-		}
-		return false, fmt.Errorf("claim %s: %w", a.Name, err)
-	}
 	rd, err := o.Generation(a.Generation).NewReader(ctx)
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", a.Name, err)
@@ -183,18 +179,28 @@ func (d *Deps) retryOne(ctx context.Context, listed *storage.ObjectAttrs) (bool,
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", a.Name, err)
 	}
-	return d.publishOwed(ctx, o, a, json)
-}
-
-func (d *Deps) publishOwed(ctx context.Context, o *storage.ObjectHandle, a *storage.ObjectAttrs, json []byte) (bool, error) {
-	bctx, cancel := context.WithTimeout(ctx, busWithin)
-	err := d.Bus.Publish(bctx, d.Config.EventBus, string(json))
-	cancel()
+	w := o.If(storage.Conditions{GenerationMatch: a.Generation}).NewWriter(ctx)
+	w.ContentType = a.ContentType
+	w.Metadata = map[string]string{claimKey: now.Format(time.RFC3339Nano)}
+	w.ChunkSize = 0
+	if _, err := w.Write(json); err != nil {
+		_ = w.Close()
+		return false, fmt.Errorf("claim %s: %w", a.Name, err)
+	}
+	if err := w.Close(); err != nil {
+		if gcsdoc.IsPrecondition(err) {
+			return false, nil // claimed or done by another sweep
+		}
+		return false, fmt.Errorf("claim %s: %w", a.Name, err)
+	}
+	bctx, bcancel := context.WithTimeout(ctx, busWithin)
+	err = d.Bus.Publish(bctx, d.Config.EventBus, string(json))
+	bcancel()
 	if err != nil {
 		return false, fmt.Errorf("publish %s to the bus: %w", a.Name, err)
 	}
 	d.Log.Info("bus_event_published", "owed", a.Name)
-	if err := o.If(storage.Conditions{GenerationMatch: a.Generation}).Delete(ctx); err != nil && !errors.Is(err, storage.ErrObjectNotExist) {
+	if err := o.Generation(w.Attrs().Generation).Delete(ctx); err != nil && !errors.Is(err, storage.ErrObjectNotExist) {
 		return true, fmt.Errorf("delete %s: %w", a.Name, err)
 	}
 	return true, nil
