@@ -20,7 +20,7 @@ import (
 // for good (the function may not write the bucket): the terminal event
 // does not wait for a report.
 func (h *Handler) reportOf(ctx context.Context, rec *runs.Record, res *checkpoints.Result, unreadable error, now time.Time) (string, error) {
-	if rec.Report != "" || !(rec.Phase == runs.Finishing || rec.Unannounced()) {
+	if rec.Report != "" || rec.Phase != runs.Finishing && !rec.Unannounced() {
 		return rec.Report, nil
 	}
 	bucket, name := report.Object(rec)

@@ -35,7 +35,7 @@ func fetchReport(t *testing.T, r *runs.Record, uri, file string) {
 	if err != nil {
 		t.Fatalf("report %s: %v", uri, err)
 	}
-	defer rd.Close()
+	defer func() { _ = rd.Close() }()
 	if ct := rd.Attrs.ContentType; ct != report.ContentType {
 		t.Errorf("report content type %q, want %q", ct, report.ContentType)
 	}

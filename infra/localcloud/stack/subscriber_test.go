@@ -97,7 +97,7 @@ func read(ctx context.Context, o *storage.ObjectHandle) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rd.Close()
+	defer func() { _ = rd.Close() }()
 	return io.ReadAll(rd)
 }
 
