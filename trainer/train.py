@@ -18,6 +18,7 @@ os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cli  # noqa: E402
+import driverlog  # noqa: E402
 import result  # noqa: E402
 
 # Modules whose code the Ray workers need. They are pickled by value, so the
@@ -95,6 +96,19 @@ def _announce(args, mark: str) -> None:
 
 def main(argv=None) -> int:
     args = cli.parse_args(argv)
+    keeper = None
+    try:
+        keeper = driverlog.Keeper(args.storage_path, args.experiment_name)
+    except Exception as exc:  # noqa: BLE001 - the run goes on without a kept log
+        _log(f"cannot keep the driver log: {result.error_text(exc)}")
+    try:
+        return _main(args)
+    finally:
+        if keeper is not None:
+            keeper.close()
+
+
+def _main(args) -> int:
     try:
         return run(args)
     except BaseException as exc:

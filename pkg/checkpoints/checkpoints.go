@@ -360,6 +360,10 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 	return m, nil
 }
 
+// DriverLogFile is the Ray job driver's log in an experiment folder, which
+// the trainer copies there while it runs and when it ends.
+const DriverLogFile = "driver.log"
+
 // SamplesDir is the folder of the sample answers in an experiment folder:
 // samples.json and the images of the held-out rows it names.
 const SamplesDir = "samples"

@@ -51,6 +51,10 @@ func TestTrainerLayoutContract(t *testing.T) {
 			if err := json.Unmarshal(b, &m); err != nil {
 				t.Fatal(err)
 			}
+			// The driver's log is kept beside the mark, whatever the outcome.
+			if log, err := os.ReadFile(filepath.Join(*layout, exp, checkpoints.DriverLogFile)); err != nil || !strings.Contains(string(log), "raydrop: "+m.Status+"; wrote") {
+				t.Errorf("driver log of %s: %v, %d bytes without the closing line", exp, err, len(log))
+			}
 			res, err := checkpoints.Discover(context.Background(), checkpoints.Dir(*layout), exp)
 			if err != nil {
 				t.Fatal(err)

@@ -213,6 +213,17 @@ def test_completion_mark_after_success(run_a, storage):
     assert fm["tokens_per_second"] == pytest.approx(fm["train_tokens"] / fm["train_runtime"])
 
 
+def test_driver_log_is_kept_beside_the_run(run_a, storage):
+    """Everything the driver printed, its own lines and the workers' that Ray
+    forwards to it, is copied beside the run (driver.log)."""
+    with open(os.path.join(storage, "exp-a", "driver.log"), encoding="utf-8") as f:
+        kept = f.read()
+    printed = [line for line in (run_a.stdout + run_a.stderr).splitlines() if line.strip()]
+    assert printed and all(line in kept for line in printed), [line for line in printed if line not in kept][:5]
+    assert "raydrop: run test-exp-a:" in kept and "raydrop: succeeded; wrote" in kept
+    assert "trainable parameters:" in kept  # a worker's line, forwarded by Ray
+
+
 def test_resume_continues_from_saved_step(run_b, storage):
     _, rows = results(storage, "exp-b")
     first = rows[0]

@@ -263,7 +263,7 @@ func TestSucceed(t *testing.T) {
 	if r.Status != rayv1.JobStatusSucceeded || r.LastStep != 8 || len(r.Checkpoints) != 2 || r.Cluster != "sim-ok" {
 		t.Errorf("record %+v", r)
 	}
-	for _, name := range []string{".validate_storage_marker", "experiment_state-"} {
+	for _, name := range []string{".validate_storage_marker", "experiment_state-", checkpoints.DriverLogFile} {
 		if !objectExists(t, res, name) {
 			t.Errorf("no %s object in the experiment folder", name)
 		}

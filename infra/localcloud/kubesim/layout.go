@@ -326,6 +326,10 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 		return err
 	}
 	t.p.update(func(r *JobRecord) { r.Mark = gsURI(a.bucket, name) })
+	t.logf("raydrop: %s; wrote %s", status, gsURI(a.bucket, name))
+	if err := t.copyLog(ctx); err != nil {
+		return err
+	}
 	// Then the notice that announces it, as trainer/train.py _announce():
 	// a notice that cannot be written is logged, not a failed job (the
 	// sweep finds the mark).

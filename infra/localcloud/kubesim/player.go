@@ -221,6 +221,8 @@ type trainer struct {
 	data     map[string]any // the length filter's counts, in every report
 	evalRows int            // rows every checkpoint is evaluated on
 	samples  any            // the mark's samples entry, once written
+	// driverLog is the driver's output so far (driverlog.go).
+	driverLog strings.Builder
 }
 
 // train runs the steps and returns the Ray job's terminal status, "" if the
@@ -234,6 +236,7 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 	t.trialID = fmt.Sprintf("%05x_00000", rand.IntN(1<<20))
 	t.trial = joinName(exp, fmt.Sprintf("TorchTrainer_%s_0_%s", t.trialID, t.date))
 	t.latest = nil
+	t.logf("raydrop: run %s: %d workers, storage %s/%s", a.runID, a.numWorkers, a.storagePath, exp)
 	t.p.update(func(r *JobRecord) {
 		r.Experiment = gsURI(a.bucket, exp)
 		r.Trial = gsURI(a.bucket, t.trial)
@@ -276,6 +279,7 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 		rows += evalRows
 	}
 	t.evalRows = evalRows
+	t.workerf("dataset: %d rows, %d left out as longer than %d tokens (longest %d)", rows, sc.DroppedRows, a.maxSeqLength, a.maxSeqLength+64)
 	t.data = map[string]any{"dataset_rows": rows, "dropped_rows": sc.DroppedRows, "max_seq_length": a.maxSeqLength, "eval_rows": evalRows}
 	if float64(sc.DroppedRows)/float64(rows) > a.maxDroppedShare {
 		return t.fail(ctx, fmt.Sprintf("ValueError: %d of %d rows (%.1f %%) are longer than --max-seq-length %d tokens "+
@@ -492,6 +496,10 @@ func (t *trainer) step(ctx context.Context, step, total int) error {
 	t.rayKeys(m, ckpt)
 	t.rows = append(t.rows, m)
 	if err := t.writeResults(ctx); err != nil {
+		return err
+	}
+	t.logStep(logEntry)
+	if err := t.copyLog(ctx); err != nil {
 		return err
 	}
 	t.p.update(func(r *JobRecord) { r.LastStep = step })

@@ -604,6 +604,14 @@ func TestCLI(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || json.Unmarshal([]byte(out), &status) != nil || rec.Phase != runs.Succeeded {
 		t.Errorf("status: exit %d:\n%s", code, out)
 	}
+	// The driver's log, kept beside the run: the trainer's lines to its end.
+	if code, out, errOut := raydrop("logs", runID); code != 0 || !strings.Contains(out, "raydrop: run "+runID) ||
+		!strings.Contains(out, "'loss': ") || !strings.Contains(out, "raydrop: succeeded; wrote gs://") {
+		t.Errorf("logs: exit %d %s\n%s", code, errOut, out)
+	}
+	if code, _, errOut := raydrop("logs", runID, "--attempt", "2"); code != 1 || !strings.Contains(errOut, "has attempts 1 to 1, not 2") {
+		t.Errorf("logs --attempt 2 of a one-attempt run: exit %d %s", code, errOut)
+	}
 	// The report: where it is, and the page itself.
 	if code, out, errOut := raydrop("report", runID); code != 0 || strings.TrimSpace(out) != rec.Report || rec.Report == "" {
 		t.Errorf("report: exit %d, %q (record: %q) %s", code, out, rec.Report, errOut)
@@ -667,12 +675,26 @@ func TestCLI(t *testing.T) {
 	if code, out, errOut := raydrop("report", hang, "-o", "-"); code != 0 || !strings.Contains(out, "The run has not ended") || !strings.Contains(out, `id="phase">RUNNING<`) {
 		t.Errorf("report -o - of a running run: exit %d %s\n%.300s", code, errOut, out)
 	}
+	followed := make(chan string, 1)
+	go func() {
+		code, out, errOut := raydrop("logs", hang, "--follow", "--interval", "300ms")
+		followed <- fmt.Sprintf("%d\n%s\n%s", code, out, errOut)
+	}()
 	if code, out, errOut := raydrop("cancel", hang); code != 0 {
 		t.Fatalf("cancel: exit %d %s %s", code, out, errOut)
 	}
 	code, _, errOut = raydrop("watch", hang, "--interval", "300ms")
 	if code != 1 || !strings.Contains(errOut, "CANCELLED") {
 		t.Errorf("watch of a cancelled run: exit %d, %s", code, errOut)
+	}
+	// logs --follow printed the running attempt's lines and ended with it.
+	select {
+	case got := <-followed:
+		if !strings.HasPrefix(got, "0\n") || !strings.Contains(got, "raydrop: run "+hang) || !strings.Contains(got, "'loss': ") {
+			t.Errorf("logs --follow of a run cancelled meanwhile: %s", got)
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("logs --follow did not end with the cancelled run")
 	}
 	if code, _, errOut := raydrop("status", "no-such-run"); code != 1 || !strings.Contains(errOut, "no run no-such-run") {
 		t.Errorf("status of an unknown run: exit %d, %s", code, errOut)
