@@ -25,7 +25,9 @@ import (
 
 	_ "embed"
 
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
@@ -122,6 +124,13 @@ func Render(in Input) ([]byte, error) {
 	if b := in.Event.BestCheckpoint; b != nil {
 		v.BestURI = b.URI
 	}
+	v.Logs = map[int]string{}
+	for _, a := range in.Record.Attempts {
+		if in.Record.Spec != nil {
+			b, exp := pipeline.Experiment(in.Record, a.N)
+			v.Logs[a.N] = "gs://" + b + "/" + exp + "/" + checkpoints.DriverLogFile
+		}
+	}
 	var buf bytes.Buffer
 	if err := page.Execute(&buf, v); err != nil {
 		return nil, fmt.Errorf("render report of run %s: %w", in.Record.RunID, err)
@@ -140,6 +149,8 @@ type view struct {
 	TimelineH float64
 	SpecDiff  []change
 	BestURI   string
+	// Logs are the attempts' driver logs, by attempt.
+	Logs map[int]string
 }
 
 // Chart geometry, in SVG user units.

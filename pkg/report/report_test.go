@@ -139,6 +139,11 @@ func TestReportOfASucceededRun(t *testing.T) {
 	if !strings.Contains(page, `<tr><td><code>output.bucket</code></td><td><code>(no default)</code></td><td><code>&#34;ckpt&#34;</code></td></tr>`) {
 		t.Error("a required field is not shown as having no default")
 	}
+	for _, log := range []string{"gs://ckpt/team/r1/attempt-1/driver.log", "gs://ckpt/team/r1/attempt-2/driver.log"} {
+		if !strings.Contains(page, log) {
+			t.Errorf("the report does not name the driver log %s", log)
+		}
+	}
 	selfContained(t, page)
 }
 
