@@ -16,6 +16,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"google.golang.org/api/option"
+
+	"github.com/raydrop/raydrop/pkg/gcstest"
 )
 
 // conditionalGCS is the in-process fake-gcs-server gcstest serves, plus
@@ -27,14 +29,7 @@ import (
 // its own (the fake takes it from the clock in microseconds).
 func conditionalGCS(t testing.TB, buckets ...string) *storage.Client {
 	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	for _, b := range buckets {
-		srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: b})
-	}
+	srv := gcstest.Server(t, buckets...)
 	h := &conditionalCopies{srv: srv, next: srv.HTTPHandler()}
 	c, err := storage.NewClient(context.Background(), option.WithHTTPClient(&http.Client{Transport: handlerTransport{h}}))
 	if err != nil {

@@ -13,6 +13,12 @@ import (
 // its client.
 func New(t testing.TB, buckets ...string) *storage.Client {
 	t.Helper()
+	return Server(t, buckets...).Client()
+}
+
+// Server starts a server holding buckets, stopped when t ends.
+func Server(t testing.TB, buckets ...string) *fakestorage.Server {
+	t.Helper()
 	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true})
 	if err != nil {
 		t.Fatal(err)
@@ -21,5 +27,5 @@ func New(t testing.TB, buckets ...string) *storage.Client {
 	for _, b := range buckets {
 		srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: b})
 	}
-	return srv.Client()
+	return srv
 }

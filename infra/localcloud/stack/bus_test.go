@@ -4,13 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
-
-	"google.golang.org/api/iterator"
-
-	"cloud.google.com/go/storage"
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
@@ -72,17 +67,10 @@ func jsonEqual(a, b []byte) bool {
 func owedOf(t *testing.T, runID string) []string {
 	t.Helper()
 	var out []string
-	it := st.GCS.Bucket(stack.StateBucket).Objects(context.Background(), &storage.Query{Prefix: "owed/" + runID + "/"})
-	for {
-		a, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range objects(t, st.GCS.Bucket(stack.StateBucket), "owed/"+runID+"/") {
 		out = append(out, a.Name)
 	}
+	return out
 }
 
 // TestBusOutage: while the message bus is down, a run goes on and ends

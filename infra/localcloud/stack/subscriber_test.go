@@ -105,6 +105,16 @@ func read(ctx context.Context, o *storage.ObjectHandle) ([]byte, error) {
 func generations(t *testing.T, b *storage.BucketHandle, prefix string) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
+	for _, a := range objects(t, b, prefix) {
+		out[a.Name] = a.Generation
+	}
+	return out
+}
+
+// objects lists the objects under prefix.
+func objects(t *testing.T, b *storage.BucketHandle, prefix string) []*storage.ObjectAttrs {
+	t.Helper()
+	var out []*storage.ObjectAttrs
 	it := b.Objects(context.Background(), &storage.Query{Prefix: prefix})
 	for {
 		a, err := it.Next()
@@ -114,7 +124,7 @@ func generations(t *testing.T, b *storage.BucketHandle, prefix string) map[strin
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[a.Name] = a.Generation
+		out = append(out, a)
 	}
 }
 
