@@ -25,6 +25,7 @@ import (
 	"github.com/raydrop/raydrop/functions/monitor"
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
+	"github.com/raydrop/raydrop/pkg/ceserve"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
@@ -43,6 +44,9 @@ func init() {
 		if !ok {
 			panic(fmt.Sprintf("function %s of the wiring table has no handler", f.Name))
 		}
-		functions.CloudEvent(f.EntryPoint, fn)
+		// An HTTP function that decodes each delivery's CloudEvent itself:
+		// the Framework's CloudEvent path mixes up concurrent deliveries
+		// (pkg/ceserve says how).
+		functions.HTTP(f.EntryPoint, ceserve.Handler(fn))
 	}
 }

@@ -14,11 +14,15 @@ import (
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/raydrop/raydrop/pkg/ceserve"
 	"github.com/raydrop/raydrop/pkg/logging"
 )
 
 func init() {
-	functions.CloudEvent(EntryPoint, Serve)
+	// An HTTP function that decodes each delivery's CloudEvent itself: the
+	// Framework's CloudEvent path mixes up concurrent deliveries
+	// (cloudevents/sdk-go#1224, #1332; pkg/ceserve).
+	functions.HTTP(EntryPoint, ceserve.Handler(Serve))
 }
 
 // DefaultPrefix is the folder under which promotions go when

@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
+	"github.com/raydrop/raydrop/pkg/ceserve"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 )
 
@@ -76,14 +76,7 @@ func TestHTTPReplies(t *testing.T) {
 func post(t *testing.T, h *Handler, e event.Event) int {
 	t.Helper()
 	ctx := context.Background()
-	p, err := cloudevents.NewHTTP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	recv, err := cloudevents.NewHTTPReceiveHandler(ctx, p, h.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recv := ceserve.Handler(h.Handle) // as the entry point is registered
 	req := httptest.NewRequest(http.MethodPost, "/", nil)
 	if err := cehttp.WriteRequest(ctx, binding.ToMessage(&e), req); err != nil {
 		t.Fatal(err)
