@@ -72,7 +72,7 @@ func TestEachRequestKeepsItsEventAndContext(t *testing.T) {
 			start := time.Now()
 			code, err := post(srv.URL, fmt.Sprintf("fast-%d", i), 5*time.Second)
 			if err != nil || code != http.StatusNoContent {
-				errs <- fmt.Errorf("delivery %d: %d %v after %v", i, code, err, time.Since(start))
+				errs <- fmt.Errorf("delivery %d: %d after %v: %w", i, code, time.Since(start), err)
 			}
 		})
 	}
