@@ -9,7 +9,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 )
 
-
 // worker prefixes a Ray Train worker's line as Ray does when it forwards
 // it to the driver's output.
 const workerPrefix = "(RayTrainWorker pid=4242, ip=10.244.0.2) "
@@ -19,7 +18,7 @@ const workerPrefix = "(RayTrainWorker pid=4242, ip=10.244.0.2) "
 // its own (the lines are the trainer's: train.py's "raydrop: …", worker.py's
 // logging, and transformers' PrinterCallback's dict of each logging step).
 func (t *trainer) logf(format string, args ...any) {
-	t.driverLog.WriteString(fmt.Sprintf(format, args...))
+	fmt.Fprintf(&t.driverLog, format, args...)
 	t.driverLog.WriteByte('\n')
 }
 
