@@ -22,22 +22,14 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	attempt := fs.Int("attempt", 0, "the attempt (default: the run's current one)")
 	follow := fs.Bool("follow", false, "keep printing new lines until the attempt ends")
 	interval := fs.Duration("interval", 2*time.Second, "how often --follow looks for new lines")
-	pos, code, ok := parse(e, fs, args)
+	st, r, done, code, ok := oneRun(ctx, e, "logs", fs, t, args)
 	if !ok {
 		return code
 	}
-	if len(pos) != 1 || *interval <= 0 {
-		fmt.Fprintln(e.stderr, "raydrop logs: give one run ID (and a positive --interval)")
-		return ExitUsage
-	}
-	st, done, err := t.store(ctx)
-	if err != nil {
-		return fail(e, "logs", err)
-	}
 	defer done()
-	r, err := getRun(ctx, st, pos[0], t)
-	if err != nil {
-		return fail(e, "logs", err)
+	if *interval <= 0 {
+		fmt.Fprintln(e.stderr, "raydrop logs: --interval must be positive")
+		return ExitUsage
 	}
 	n := *attempt
 	if n == 0 {

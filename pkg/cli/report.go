@@ -19,27 +19,15 @@ func runReport(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "report")
 	out := fs.String("o", "", "write the report to this file (- for standard output) instead of printing its URI")
 	price := fs.String("gpu-hour-usd", envOr("RAYDROP_GPU_HOUR_USD", pipeline.DefaultGPUHourUSD), "price of a GPU-hour, for a report rendered now (RAYDROP_GPU_HOUR_USD)")
-	pos, code, ok := parse(e, fs, args)
+	_, r, done, code, ok := oneRun(ctx, e, "report", fs, t, args)
 	if !ok {
 		return code
 	}
-	if len(pos) != 1 {
-		fmt.Fprintln(e.stderr, "raydrop report: give one run ID")
-		return ExitUsage
-	}
+	defer done()
 	usd, err := strconv.ParseFloat(*price, 64)
 	if err != nil || usd < 0 {
 		fmt.Fprintf(e.stderr, "raydrop report: --gpu-hour-usd %q is not a non-negative number\n", *price)
 		return ExitUsage
-	}
-	st, done, err := t.store(ctx)
-	if err != nil {
-		return fail(e, "report", err)
-	}
-	defer done()
-	r, err := getRun(ctx, st, pos[0], t)
-	if err != nil {
-		return fail(e, "report", err)
 	}
 	if report.URI(r) == "" {
 		return fail(e, "report", fmt.Errorf("run %s has no report: its spec was rejected (raydrop status %s shows why)", r.RunID, r.RunID))

@@ -314,25 +314,36 @@ func describe(w io.Writer, r *runs.Record) {
 	}
 }
 
-func runCancel(ctx context.Context, e *env, args []string) int {
-	fs, t := deploymentFlags(e, "cancel")
+// oneRun parses the arguments of a command that takes one run ID, opens
+// the state bucket and reads the run. When it cannot, it has said why and
+// returns the exit code with ok false; otherwise the caller calls done.
+func oneRun(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *target, args []string) (st *runs.Store, r *runs.Record, done func(), code int, ok bool) {
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
-		return code
+		return nil, nil, nil, code, false
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(e.stderr, "raydrop cancel: give one run ID")
-		return ExitUsage
+		fmt.Fprintf(e.stderr, "raydrop %s: give one run ID\n", name)
+		return nil, nil, nil, ExitUsage, false
 	}
 	st, done, err := t.store(ctx)
 	if err != nil {
-		return fail(e, "cancel", err)
+		return nil, nil, nil, fail(e, name, err), false
+	}
+	if r, err = getRun(ctx, st, pos[0], t); err != nil {
+		done()
+		return nil, nil, nil, fail(e, name, err), false
+	}
+	return st, r, done, ExitOK, true
+}
+
+func runCancel(ctx context.Context, e *env, args []string) int {
+	fs, t := deploymentFlags(e, "cancel")
+	_, r, done, code, ok := oneRun(ctx, e, "cancel", fs, t, args)
+	if !ok {
+		return code
 	}
 	defer done()
-	r, err := getRun(ctx, st, pos[0], t)
-	if err != nil {
-		return fail(e, "cancel", err)
-	}
 	if r.Phase.Terminal() {
 		return fail(e, "cancel", fmt.Errorf("run %s has already ended %s", r.RunID, r.Phase))
 	}
