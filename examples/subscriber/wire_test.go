@@ -50,9 +50,8 @@ func TestLoadConfig(t *testing.T) {
 	}
 }
 
-// The handler behind the CloudEvents HTTP receiver the Functions Framework
-// wraps a CloudEvent function in, given the binary-mode request Eventarc
-// posts: a promotion and a malformed event are acknowledged (2xx); a
+// The entry point's HTTP handler (ceserve.Handler, as wire.go registers
+// it), given the binary-mode request Eventarc posts: a promotion and a malformed event are acknowledged (2xx); a
 // transient failure is not, so the push subscription delivers it again.
 func TestHTTPReplies(t *testing.T) {
 	w := newFakeWorld(t)
