@@ -123,18 +123,24 @@ func (d *Deps) RetryBus(ctx context.Context) (published, owed int, err error) {
 	if d.Bus == nil || d.Config.EventBus == "" || d.StateBucket == nil {
 		return 0, 0, nil
 	}
+	// The list first: publishing takes a while, and the listing's deadline
+	// is its own.
 	lctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
+	var due []*storage.ObjectAttrs
 	it := d.StateBucket.Objects(lctx, &storage.Query{Prefix: owedPrefix})
-	var errs []error
 	for {
 		a, err := it.Next()
 		if errors.Is(err, iterator.Done) {
 			break
 		}
 		if err != nil {
-			return published, owed, fmt.Errorf("list owed bus events: %w", err)
+			return 0, 0, fmt.Errorf("list owed bus events: %w", err)
 		}
+		due = append(due, a)
+	}
+	var errs []error
+	for _, a := range due {
 		ok, err := d.retryOne(ctx, a)
 		if err != nil {
 			errs = append(errs, err)
@@ -149,28 +155,23 @@ func (d *Deps) RetryBus(ctx context.Context) (published, owed int, err error) {
 }
 
 // retryOne claims one owed event, publishes it and deletes it. The claim
-// writes the event again over the generation it read (ifGenerationMatch),
+// writes the event again over the generation listed (ifGenerationMatch),
 // with the claim's time in its metadata: of two sweeps, one claims and the
-// other gets 412. Publishing done, it deletes exactly the generation it
-// wrote, so a later claim by another sweep (after ClaimFor) survives.
-func (d *Deps) retryOne(ctx context.Context, listed *storage.ObjectAttrs) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	o := d.StateBucket.Object(listed.Name)
-	// The object as it is now: a sweep that listed it a moment ago may
-	// have claimed it since.
-	a, err := o.Attrs(ctx)
-	if errors.Is(err, storage.ErrObjectNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read %s: %w", listed.Name, err)
-	}
+// other gets 412 (or finds the listed generation gone). Publishing done, it
+// deletes exactly the generation it wrote, so a later claim by another
+// sweep (after ClaimFor) survives.
+func (d *Deps) retryOne(ctx context.Context, a *storage.ObjectAttrs) (bool, error) {
 	now := d.Time()
 	if t, err := time.Parse(time.RFC3339Nano, a.Metadata[claimKey]); err == nil && now.Sub(t) < ClaimFor {
 		return false, nil // another sweep is at it
 	}
+	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	defer cancel()
+	o := d.StateBucket.Object(a.Name)
 	rd, err := o.Generation(a.Generation).NewReader(ctx)
+	if errors.Is(err, storage.ErrObjectNotExist) {
+		return false, nil // claimed or done by another sweep since the listing
+	}
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", a.Name, err)
 	}

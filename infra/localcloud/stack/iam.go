@@ -158,9 +158,12 @@ func (s *Stack) DenyBucket(function, bucket string) {
 // forbidden is the error body of Cloud Storage's JSON API for a missing
 // permission:
 // https://cloud.google.com/storage/docs/json_api/v1/status-codes#403_Forbidden
-func forbidden(target, perm string) string {
+func forbidden(target, perm string) string { return forbiddenFor(Identity(target), perm) }
+
+// forbiddenFor is that body for any identity.
+func forbiddenFor(identity, perm string) string {
 	return fmt.Sprintf(`{"error":{"code":403,"message":"%s does not have %s access to the Google Cloud Storage object. Permission '%s' denied on resource (or it may not exist).","errors":[{"message":"denied","domain":"global","reason":"forbidden"}]}}`,
-		Identity(target), perm, perm)
+		identity, perm, perm)
 }
 
 // bucketOf is the bucket a Cloud Storage request names: JSON API paths

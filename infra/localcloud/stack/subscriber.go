@@ -73,7 +73,7 @@ func (s *Stack) startSubscriber(ctx context.Context) (eventarc.Route, error) {
 		case slices.Contains(s.opts.OutputBuckets, bucket) && (read || rewriteInto(path, ModelsBucket)):
 			return 0, ""
 		}
-		return http.StatusForbidden, fmt.Sprintf(`{"error":{"code":403,"message":"%s does not have %s access to the Google Cloud Storage object. Permission '%s' denied on resource (or it may not exist).","errors":[{"message":"denied","domain":"global","reason":"forbidden"}]}}`, subscriberIdentity, perm, perm)
+		return http.StatusForbidden, forbiddenFor(subscriberIdentity, perm)
 	})
 	f := &function{name: target, bin: bin, port: port, logPath: filepath.Join(s.opts.StateDir, "subscriber.log")}
 	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
