@@ -202,6 +202,10 @@ func checkShape(n *node, t reflect.Type, path string, ps *Problems) {
 			}
 			checkShape(m.val, f.typ, joinPath(path, m.key), ps)
 		}
+	case "array":
+		for i, item := range n.items {
+			checkShape(item, t.Elem(), indexPath(path, i), ps)
+		}
 	case "integer":
 		s := n.num.String()
 		if strings.ContainsAny(s, ".eE") {
@@ -226,6 +230,8 @@ func jsonKind(t reflect.Type) string {
 	switch t.Kind() {
 	case reflect.Struct:
 		return "object"
+	case reflect.Slice:
+		return "array"
 	case reflect.String:
 		return "string"
 	case reflect.Int, reflect.Int64, reflect.Int32:

@@ -194,6 +194,10 @@ func findSecrets(v reflect.Value, path string) Problems {
 		switch {
 		case f.typ.Kind() == reflect.Struct:
 			ps = append(ps, findSecrets(fv, p)...)
+		case f.typ.Kind() == reflect.Slice:
+			for i := 0; i < fv.Len(); i++ {
+				ps = append(ps, findSecrets(fv.Index(i), indexPath(p, i))...)
+			}
 		case f.typ.Kind() == reflect.String && hfTokenRE.MatchString(fv.String()):
 			ps = append(ps, Problem{Path: p, Message: "looks like a Hugging Face token (tokens belong in the Secret named by cluster.hfSecret, never in a spec)"})
 		}

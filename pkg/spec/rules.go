@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -166,10 +167,32 @@ func validateStruct(v reflect.Value, path string, ps *Problems) {
 			validateStruct(fv, p, ps)
 			continue
 		}
+		if f.typ.Kind() == reflect.Slice {
+			if msg := checkCount(fv.Len(), f.rules); msg != "" {
+				*ps = append(*ps, Problem{Path: p, Message: msg})
+			}
+			for i := 0; i < fv.Len(); i++ {
+				validateStruct(fv.Index(i), indexPath(p, i), ps)
+			}
+			continue
+		}
 		if msg := checkValue(fv, f.rules); msg != "" {
 			*ps = append(*ps, Problem{Path: p, Message: msg})
 		}
 	}
+}
+
+// indexPath is the path of a list's item: cluster.capacity[0].
+func indexPath(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
+
+// checkCount checks a list's length against its min and max rules.
+func checkCount(n int, r rules) string {
+	lo, _ := strconv.Atoi(r.min)
+	hi, _ := strconv.Atoi(r.max)
+	if n < lo || (r.max != "" && n > hi) {
+		return fmt.Sprintf("has %d items (allowed: from %s to %s)", n, r.min, r.max)
+	}
+	return ""
 }
 
 func checkValue(v reflect.Value, r rules) string {
@@ -301,6 +324,59 @@ func (s *JobSpec) crossChecks() Problems {
 	}
 	if s.Limits.StartDeadline > s.Limits.Deadline && s.Limits.Deadline > 0 {
 		ps = append(ps, Problem{Path: "limits.startDeadline", Message: fmt.Sprintf("%s is longer than deadline %s (allowed: at most the deadline)", time.Duration(s.Limits.StartDeadline), time.Duration(s.Limits.Deadline))})
+	}
+	return append(ps, s.capacityChecks()...)
+}
+
+// noOnDemand are the accelerators Compute Engine offers no on-demand VMs
+// of: A4's B200s come from a reservation, flex-start or Spot VMs only.
+var noOnDemand = map[string]bool{"nvidia-b200": true}
+
+// capacityChecks are the rules of cluster.capacity: what GKE allows in a
+// tier, and an order in which every tier gets its turn.
+func (s *JobSpec) capacityChecks() Problems {
+	var ps Problems
+	tiers := s.Cluster.Capacity
+	seen := map[string]int{}
+	var waits time.Duration
+	for i, t := range tiers {
+		p := indexPath("cluster.capacity", i)
+		switch {
+		case t.Type == TierReservation && t.Reservation == "" && s.Cluster.Reservation == "":
+			ps = append(ps, Problem{Path: "cluster.reservation", Message: fmt.Sprintf("is required: %s is a reservation tier that names no reservation (allowed: a reservation name, or one in the tier)", p)})
+		case t.Type != TierReservation && t.Reservation != "":
+			// Only a reservation tier consumes a reservation: flex-start
+			// and Spot VMs never do
+			// (https://cloud.google.com/kubernetes-engine/docs/concepts/consumption-options).
+			ps = append(ps, Problem{Path: p + ".reservation", Message: fmt.Sprintf("%s names a reservation but the tier is %s (allowed: empty; a reservation is a tier of type reservation)", quote(t.Reservation), t.Type)})
+		}
+		if t.Type == TierOnDemand && noOnDemand[s.Cluster.Workers.Accelerator] {
+			// "When provisioning A4 machine types, you must reserve capacity
+			// to create instances or clusters, use Spot VMs, use Flex-start
+			// VMs, or create a resize request in a MIG."
+			// (https://cloud.google.com/compute/docs/accelerator-optimized-machines)
+			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("onDemand is not offered for %s GPUs (allowed: reservation, flexStart, spot)", s.Cluster.Workers.Accelerator)})
+		}
+		key := t.Type
+		if t.Type == TierReservation {
+			key += " " + cmp.Or(t.Reservation, s.Cluster.Reservation)
+		}
+		if j, dup := seen[key]; dup {
+			ps = append(ps, Problem{Path: p, Message: fmt.Sprintf("repeats cluster.capacity[%d] (%s) (allowed: each tier once)", j, key)})
+		}
+		seen[key] = i
+		last := i == len(tiers)-1
+		switch w := time.Duration(t.Wait); {
+		case !last && w < time.Minute:
+			ps = append(ps, Problem{Path: p + ".wait", Message: fmt.Sprintf("%s is too short for a tier with another after it (allowed: from 1m to 24h)", w)})
+		case last && w != 0:
+			ps = append(ps, Problem{Path: p + ".wait", Message: fmt.Sprintf("%s is set on the last tier, which waits until limits.startDeadline (allowed: 0)", w)})
+		default:
+			waits += w
+		}
+	}
+	if n := len(tiers); n > 1 && waits >= time.Duration(s.Limits.StartDeadline) {
+		ps = append(ps, Problem{Path: "limits.startDeadline", Message: fmt.Sprintf("%s leaves the last capacity tier no time: the tiers before it wait %s in all (allowed: more than %s)", time.Duration(s.Limits.StartDeadline), waits, waits)})
 	}
 	return ps
 }

@@ -62,6 +62,20 @@ func fieldSchema(f field, def reflect.Value) map[string]any {
 		return s
 	case f.typ.Kind() == reflect.Struct:
 		s = structSchema(f.typ, def)
+	case f.typ.Kind() == reflect.Slice:
+		item := structSchema(f.typ.Elem(), reflect.New(f.typ.Elem()).Elem())
+		for _, fs := range item["properties"].(map[string]any) {
+			delete(fs.(map[string]any), "default") // an item's fields have no defaults of their own
+		}
+		s = map[string]any{"type": "array", "items": item}
+		if r.min != "" {
+			n, _ := strconv.Atoi(r.min)
+			s["minItems"] = n
+		}
+		if r.max != "" {
+			n, _ := strconv.Atoi(r.max)
+			s["maxItems"] = n
+		}
 	case f.typ.Kind() == reflect.String:
 		s = map[string]any{"type": "string"}
 		if len(r.enum) > 0 {
@@ -91,7 +105,10 @@ func fieldSchema(f field, def reflect.Value) map[string]any {
 	if f.doc != "" {
 		s["description"] = f.doc
 	}
-	if f.typ.Kind() != reflect.Struct && !r.required {
+	if f.typ.Kind() == reflect.Slice {
+		b, _ := json.Marshal(def.Interface())
+		s["default"] = json.RawMessage(b)
+	} else if f.typ.Kind() != reflect.Struct && !r.required {
 		s["default"] = def.Interface()
 	}
 	return s

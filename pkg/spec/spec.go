@@ -28,7 +28,8 @@ const MaxBytes = 256 << 10
 
 // JobSpec is a fine-tuning job. Every field except cluster.serviceAccount,
 // cluster.reservation and output.bucket has a default; the defaults reproduce
-// the reference workload.
+// the reference workload. cluster.reservation may be left out when
+// cluster.capacity names no reservation tier without its own reservation.
 type JobSpec struct {
 	Schema     string `json:"$schema,omitempty" spec:"optional,max=512" doc:"JSON Schema of this document, for editors; ignored."`
 	APIVersion string `json:"apiVersion" spec:"required,enum=raydrop.dev/v1" doc:"Format version of this document."`
@@ -104,10 +105,29 @@ type Cluster struct {
 	Namespace      string     `json:"namespace" spec:"kind=dns1123,max=63" doc:"Kubernetes namespace of the cluster and the jobs."`
 	RayVersion     string     `json:"rayVersion" spec:"kind=version" doc:"Ray version of the images."`
 	ServiceAccount string     `json:"serviceAccount" spec:"required,kind=dns1123,max=63" doc:"Kubernetes service account of the Ray pods, bound by Workload Identity to a Google service account that may write output.bucket."`
-	Reservation    string     `json:"reservation" spec:"required,kind=reservation" doc:"Compute Engine reservation that holds the GPU nodes."`
+	Reservation    string     `json:"reservation" spec:"optional,kind=reservation" doc:"Compute Engine reservation that holds the GPU nodes: the reservation of every capacity tier of type reservation that names none (the default capacity is one such tier). Required unless every reservation tier names its own."`
+	Capacity       []Tier     `json:"capacity" spec:"min=1,max=4" doc:"Where the GPU worker nodes come from: tiers tried in order, each for its wait, the pipeline moving the workers that are still pending to the next (see the README's capacity section). The default is the single reservation of cluster.reservation."`
 	HFSecret       SecretRef  `json:"hfSecret" doc:"Kubernetes Secret holding the Hugging Face token; the token itself never appears in a spec."`
 	Head           Head       `json:"head" doc:"The Ray head pod."`
 	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
+}
+
+// The capacity tier types: how GKE gets the GPU nodes
+// (https://cloud.google.com/kubernetes-engine/docs/concepts/consumption-options).
+const (
+	TierReservation = "reservation" // a specific Compute Engine reservation
+	TierFlexStart   = "flexStart"   // Dynamic Workload Scheduler flex-start
+	TierSpot        = "spot"        // Spot VMs: reclaimable at any time
+	TierOnDemand    = "onDemand"    // on-demand VMs, where the region has them
+)
+
+// Tier is one way of getting the GPU nodes; cluster.capacity tries them in
+// order.
+type Tier struct {
+	Type        string   `json:"type" spec:"enum=reservation|flexStart|spot|onDemand" doc:"How the nodes are obtained: a specific reservation, flex-start (Dynamic Workload Scheduler: nodes when capacity frees up, held for at most the run's deadline), Spot VMs (cheap, reclaimable with 30 s notice) or on-demand VMs."`
+	Reservation string   `json:"reservation" spec:"optional,kind=reservation" doc:"For a reservation tier, the Compute Engine reservation (empty: cluster.reservation); empty for every other type."`
+	Wait        Duration `json:"wait" spec:"min=0s,max=24h" doc:"How long the workers may wait for nodes on this tier before the pipeline moves them to the next; at least 1m on every tier but the last, 0 on the last (it waits until limits.startDeadline)."`
+	GPUHourUSD  float64  `json:"gpuHourUsd" spec:"min=0,max=10000" doc:"Price of one GPU-hour on this tier, for the cost estimate; 0: the pipeline's price (RAYDROP_GPU_HOUR_USD)."`
 }
 
 // SecretRef names a key of a Kubernetes Secret.
@@ -148,7 +168,8 @@ type Output struct {
 type Limits struct {
 	Deadline      Duration `json:"deadline" spec:"min=1m,max=168h" doc:"Longest a run may take from submission to its end."`
 	StartDeadline Duration `json:"startDeadline" spec:"min=1m,max=24h" doc:"Longest a submitted job may take to start running."`
-	Retries       int      `json:"retries" spec:"min=0,max=10" doc:"Retries after a failure outside the training code (lost head or worker, preempted node); each resumes from the latest checkpoint."`
+	Retries       int      `json:"retries" spec:"min=0,max=10" doc:"Retries after a failure outside the training code (a lost head or worker); each resumes from the latest checkpoint. Preemptions do not count here."`
+	Preemptions   int      `json:"preemptions" spec:"min=0,max=100" doc:"Attempts that may be lost to preemption (a Spot VM reclaimed, a node shut down) before the run fails; each resumes from the newest checkpoint and none counts against retries."`
 }
 
 // Defaults returns the spec of the reference workload, without the three
@@ -220,14 +241,37 @@ func Defaults() JobSpec {
 				Accelerator:      "nvidia-b200",
 				GPUDriverVersion: "latest",
 			},
+			Capacity: []Tier{{Type: TierReservation}},
 		},
 		Output: Output{Prefix: "raydrop"},
 		Limits: Limits{
 			Deadline:      Duration(24 * hour),
 			StartDeadline: Duration(30 * minute),
 			Retries:       1,
+			Preemptions:   10,
 		},
 	}
+}
+
+// Tiers is the capacity tiers with every reservation tier's reservation
+// filled in from cluster.reservation where it names none.
+func (s *JobSpec) Tiers() []Tier {
+	out := make([]Tier, len(s.Cluster.Capacity))
+	for i, t := range s.Cluster.Capacity {
+		if t.Type == TierReservation && t.Reservation == "" {
+			t.Reservation = s.Cluster.Reservation
+		}
+		out[i] = t
+	}
+	return out
+}
+
+// Name is how the tier is shown: its type, and a reservation's name.
+func (t Tier) Name() string {
+	if t.Type == TierReservation {
+		return t.Type + " " + t.Reservation
+	}
+	return t.Type
 }
 
 // Hash identifies the effective spec, defaults included: two specs with the
