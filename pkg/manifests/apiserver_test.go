@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/kubetest"
 	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // TestServerSideDryRun sends the rendered YAML of the example, exactly as
@@ -91,6 +94,26 @@ func TestServerSideDryRun(t *testing.T) {
 			t.Errorf("%s with an unknown field: got %v, want a strict-validation error", u.GetKind(), err)
 		}
 	}
+	// Every capacity tier's RayCluster: its node selector and tolerations.
+	tiered, err := os.ReadFile("../spec/testdata/good/capacity-tiers.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := spec.Parse(tiered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tier := range ts.Tiers() {
+		out, err := manifests.YAML([]runtime.Object{manifests.RayCluster(ts, code, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := decodeYAML(t, out)[0]
+		if err := create(u); err != nil {
+			t.Errorf("API server refused the RayCluster of tier %d (%s): %v", i, tier.Name(), err)
+		}
+	}
+
 	bad := objs[1].DeepCopy()
 	groups, _, _ := unstructured.NestedSlice(bad.Object, "spec", "workerGroupSpecs")
 	groups[0].(map[string]any)["replicas"] = "two"

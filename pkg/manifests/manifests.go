@@ -112,8 +112,9 @@ func TrainerConfigMap(s *spec.JobSpec, code Code) *corev1.ConfigMap {
 }
 
 // RayCluster is the spec's cluster: a CPU head and one GPU worker group on
-// the reserved nodes, with the trainer code mounted at /code/.
-func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
+// capacity tier tier (an index into s.Tiers()), with the trainer code
+// mounted at /code/.
+func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 	c := s.Cluster
 	cm := names.TrainerConfigMap(code.Hash)
 	head := corev1.Container{
@@ -139,6 +140,7 @@ func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
 		Env:          podEnv(s),
 		VolumeMounts: mounts(),
 	}
+	nodeSelector, tolerations := WorkerPlacement(s, tier)
 	return &rayv1.RayCluster{
 		TypeMeta: metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayCluster"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -167,16 +169,49 @@ func RayCluster(s *spec.JobSpec, code Code) *rayv1.RayCluster {
 					ServiceAccountName: c.ServiceAccount,
 					Containers:         []corev1.Container{worker},
 					Volumes:            volumes(cm),
-					NodeSelector: map[string]string{
-						"cloud.google.com/gke-accelerator":        c.Workers.Accelerator,
-						"cloud.google.com/reservation-name":       c.Reservation,
-						"cloud.google.com/reservation-affinity":   "specific",
-						"cloud.google.com/gke-gpu-driver-version": c.Workers.GPUDriverVersion,
-					},
+					NodeSelector:       nodeSelector,
+					Tolerations:        tolerations,
 				}},
 			}},
 		},
 	}
+}
+
+// WorkerPlacement is where the GPU workers of capacity tier tier may run:
+// the node labels GKE gives nodes of that kind, and the tolerations they
+// need. A tier past the last is the last.
+//
+//   - reservation: cloud.google.com/reservation-name and
+//     reservation-affinity=specific
+//     (https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations);
+//   - flexStart: cloud.google.com/gke-flex-start=true
+//     (https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training);
+//   - spot: cloud.google.com/gke-spot=true, tolerating the
+//     cloud.google.com/gke-spot=true:NoSchedule taint Spot node pools carry
+//     (https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms);
+//   - onDemand: the accelerator alone.
+func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Toleration) {
+	w := s.Cluster.Workers
+	sel := map[string]string{
+		names.NodeAccelerator:                     w.Accelerator,
+		"cloud.google.com/gke-gpu-driver-version": w.GPUDriverVersion,
+	}
+	tiers := s.Tiers()
+	if len(tiers) == 0 {
+		return sel, nil
+	}
+	t := tiers[min(max(tier, 0), len(tiers)-1)]
+	switch t.Type {
+	case spec.TierReservation:
+		sel[names.NodeReservation] = t.Reservation
+		sel[names.NodeReservationAffinity] = "specific"
+	case spec.TierFlexStart:
+		sel[names.NodeFlexStart] = "true"
+	case spec.TierSpot:
+		sel[names.NodeSpot] = "true"
+		return sel, []corev1.Toleration{{Key: names.NodeSpot, Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+	}
+	return sel, nil
 }
 
 // RayJob is one attempt of the run: the trainer submitted to the spec's

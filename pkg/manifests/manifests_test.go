@@ -3,6 +3,7 @@ package manifests_test
 import (
 	"bytes"
 	"flag"
+	"maps"
 	"os"
 	"os/exec"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
@@ -96,7 +98,7 @@ func TestMatchesTutorial(t *testing.T) {
 
 	t.Run("RayCluster", func(t *testing.T) {
 		want := loadTutorial(t, "testdata/tutorial/ray_cluster.yaml", vars)
-		got := toMap(t, manifests.RayCluster(s, fixedCode))
+		got := toMap(t, manifests.RayCluster(s, fixedCode, 0))
 		// Names aside: raydrop adds labels, an annotation and the namespace,
 		// and names the code ConfigMap by its content hash (the tutorial's
 		// fixed ray-job-cm would change code under a running job).
@@ -396,6 +398,49 @@ func BenchmarkObjects(b *testing.B) {
 	for b.Loop() {
 		if _, err := manifests.YAML(manifests.Objects(s, run, fixedCode)); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestWorkerPlacement checks the node selector and tolerations of each
+// capacity tier, and that a tier past the last stays on the last.
+func TestWorkerPlacement(t *testing.T) {
+	data, err := os.ReadFile("../spec/testdata/good/capacity-tiers.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]string{names.NodeAccelerator: "nvidia-b200", "cloud.google.com/gke-gpu-driver-version": "latest"}
+	with := func(kv ...string) map[string]string {
+		m := maps.Clone(base)
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	spot := []corev1.Toleration{{Key: names.NodeSpot, Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+	tests := []struct {
+		tier int
+		sel  map[string]string
+		tol  []corev1.Toleration
+	}{
+		{0, with(names.NodeReservation, "b200-reservation", names.NodeReservationAffinity, "specific"), nil},
+		{1, with(names.NodeReservation, "b200-second", names.NodeReservationAffinity, "specific"), nil},
+		{2, with(names.NodeFlexStart, "true"), nil},
+		{3, with(names.NodeSpot, "true"), spot},
+		{9, with(names.NodeSpot, "true"), spot},
+	}
+	for _, tt := range tests {
+		sel, tol := manifests.WorkerPlacement(s, tt.tier)
+		if !reflect.DeepEqual(sel, tt.sel) || !reflect.DeepEqual(tol, tt.tol) {
+			t.Errorf("tier %d: selector %v tolerations %v, want %v %v", tt.tier, sel, tol, tt.sel, tt.tol)
+		}
+		rc := manifests.RayCluster(s, fixedCode, tt.tier)
+		if got := rc.Spec.WorkerGroupSpecs[0].Template.Spec.NodeSelector; !reflect.DeepEqual(got, tt.sel) {
+			t.Errorf("tier %d: RayCluster worker selector %v", tt.tier, got)
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 func Objects(s *spec.JobSpec, run Run, code Code) []runtime.Object {
 	return []runtime.Object{
 		TrainerConfigMap(s, code),
-		RayCluster(s, code),
+		RayCluster(s, code, 0),
 		RayJob(s, run),
 	}
 }

@@ -119,6 +119,17 @@ func RunIDFromFile(file string, content []byte) string {
 // prefix, so the mark wakes Monitor and no checkpoint file does.
 const NoticePrefix = "raydrop-marks/"
 
+// The GKE node labels a worker pod's node selector uses to pick its
+// capacity tier (manifests.WorkerPlacement); the local cloud reads the
+// same labels to play a tier's availability.
+const (
+	NodeAccelerator         = "cloud.google.com/gke-accelerator"
+	NodeReservation         = "cloud.google.com/reservation-name"
+	NodeReservationAffinity = "cloud.google.com/reservation-affinity"
+	NodeFlexStart           = "cloud.google.com/gke-flex-start"
+	NodeSpot                = "cloud.google.com/gke-spot"
+)
+
 // MarkNotice is the object name of an attempt's mark notice.
 func MarkNotice(runID string, attempt int) string {
 	return fmt.Sprintf("%s%s/attempt-%d.json", NoticePrefix, runID, attempt)

@@ -52,7 +52,7 @@ func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
 	if err := d.EnsureConfigMap(ctx, manifests.TrainerConfigMap(rec.Spec, code)); err != nil {
 		return err
 	}
-	return d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code))
+	return d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code, 0))
 }
 
 // Finish records how the current attempt ended and sends the run to

@@ -129,7 +129,7 @@ func createCluster(t *testing.T, s *spec.JobSpec) *rayv1.RayCluster {
 	if err := k8s.Create(ctx, manifests.TrainerConfigMap(s, code)); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	rc := manifests.RayCluster(s, code)
+	rc := manifests.RayCluster(s, code, 0)
 	if err := k8s.Create(ctx, rc); err != nil {
 		t.Fatal(err)
 	}
