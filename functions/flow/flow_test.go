@@ -19,6 +19,8 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	rayfake "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned/fake"
 	"google.golang.org/api/googleapi"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
@@ -51,6 +53,7 @@ type world struct {
 	gcs    *storage.Client
 	deps   *pipeline.Deps
 	ray    *rayfake.Clientset
+	kube   *kubefake.Clientset
 	now    time.Time
 	mu     sync.Mutex
 	queue  []msg
@@ -91,11 +94,12 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	w.ray = rayfake.NewSimpleClientset()
+	w.kube = kubefake.NewSimpleClientset()
 	clock := func() time.Time { return w.now }
 	b := w.gcs.Bucket(cfg.StateBucket)
 	w.deps = &pipeline.Deps{
 		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &pipeline.GCS{Client: w.gcs},
-		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: kubefake.NewSimpleClientset().CoreV1(),
+		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: w.kube.CoreV1(),
 		Clock: clock,
 	}
 	out := io.Discard
@@ -321,6 +325,34 @@ func (w *world) setJob(runID string, attempt int, dep rayv1.JobDeploymentStatus,
 	j.Status.JobDeploymentStatus, j.Status.JobStatus = dep, js
 	if _, err := jobs.UpdateStatus(w.ctx, j, metav1.UpdateOptions{}); err != nil {
 		w.t.Fatal(err)
+	}
+	if js == rayv1.JobStatusRunning {
+		w.runWorkers(j.Spec.ClusterSelector[names.LabelRayCluster], 2)
+	}
+}
+
+// runWorkers makes n worker pods of the cluster run, as KubeRay and the
+// kubelet would once the nodes are there (the example spec's 16 workers
+// need 2 pods of 8 GPUs).
+func (w *world) runWorkers(cluster string, n int) {
+	w.t.Helper()
+	pods := w.kube.CoreV1().Pods("default")
+	for i := range n {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-worker-%d", cluster, i), Labels: map[string]string{names.LabelRayCluster: cluster, names.LabelRayNodeType: "worker"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "ray-worker", Image: "rayproject/ray:2.48.0-gpu"}}},
+		}
+		created, err := pods.Create(w.ctx, p, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			continue
+		}
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		created.Status.Phase = corev1.PodRunning
+		if _, err := pods.UpdateStatus(w.ctx, created, metav1.UpdateOptions{}); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 }
 

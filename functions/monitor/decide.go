@@ -3,6 +3,7 @@ package monitor
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,23 @@ type Observation struct {
 	// Unreadable says why the mark cannot be read and never will be (no
 	// permission on the bucket, or a malformed mark); empty when it can.
 	Unreadable string
-	Now        time.Time
+	// Workers is what the attempt's worker pods show; nil when they were
+	// not looked at (a phase without a RayJob).
+	Workers *Workers
+	Now     time.Time
+}
+
+// Workers is what the worker pods of a run's cluster show.
+type Workers struct {
+	Need    int // worker pods the attempt needs running
+	Running int // worker pods running and not being deleted
+	// Pending is why a pending worker pod waits (the scheduler's
+	// PodScheduled message), "" when none does.
+	Pending string
+	// Disrupted is every worker pod Kubernetes marked as disrupted (the
+	// DisruptionTarget condition) or that a node shutdown terminated, as
+	// "pod: reason".
+	Disrupted []string
 }
 
 // Action is what a check does about a run.
@@ -41,13 +58,14 @@ type Action string
 
 // The actions.
 const (
-	Wait     Action = "wait"     // nothing to do now
-	Readmit  Action = "readmit"  // give a waiting run its cluster if the holder is gone (sweep)
-	Resend   Action = "resend"   // send a stalled step's message again (sweep)
-	Finish   Action = "finish"   // decide the run's end (Ending), deleting the RayJob first when DeleteJob
-	Progress Action = "progress" // record that the attempt runs, and its progress; announce running
-	Succeed  Action = "succeed"  // the attempt succeeded: record it running if no check saw it, then finish
-	Retry    Action = "retry"    // start the next attempt (Why the current one is given up)
+	Wait     Action = "wait"      // nothing to do now (but record Preempted, Waiting)
+	NextTier Action = "next-tier" // move the pending workers to the next capacity tier (Why)
+	Readmit  Action = "readmit"   // give a waiting run its cluster if the holder is gone (sweep)
+	Resend   Action = "resend"    // send a stalled step's message again (sweep)
+	Finish   Action = "finish"    // decide the run's end (Ending), deleting the RayJob first when DeleteJob
+	Progress Action = "progress"  // record that the attempt runs, and its progress; announce running
+	Succeed  Action = "succeed"   // the attempt succeeded: record it running if no check saw it, then finish
+	Retry    Action = "retry"     // start the next attempt (Why the current one is given up)
 )
 
 // Decision is what Decide decided.
@@ -56,7 +74,11 @@ type Decision struct {
 	Topic     string // Resend: the key of the step's topic
 	Ending    runs.Ending
 	DeleteJob bool
-	Why       string // Retry
+	Why       string // Retry, NextTier; Wait: why the workers wait for capacity
+	// Preempted is evidence of preemption the attempt's record lacks,
+	// recorded before the action; a Retry with any (or with evidence
+	// already recorded) counts against limits.preemptions.
+	Preempted []string
 }
 
 // errUnknownPhase refuses a phase the monitor was not taught.
@@ -123,9 +145,14 @@ func decideJob(o Observation) (Decision, error) {
 		// The pipeline could never tell how the job ended: free its GPUs.
 		return fail(runs.CheckpointsUnreadable, true, "cannot read the trainer's completion mark: %s", o.Unreadable), nil
 	}
+	evidence := newEvidence(a, o)
 	if o.Mark != nil {
-		if o.Mark.Status == "succeeded" {
+		switch o.Mark.Status {
+		case "succeeded":
 			return Decision{Action: Succeed}, nil
+		case checkpoints.MarkPreempted:
+			// The trainer saved a checkpoint on the node's notice and left.
+			return withEvidence(retryOrFail(r, "the trainer checkpointed on a preemption notice and stopped", true), evidence), nil
 		}
 		// The training code failed: no retry can fix that.
 		return fail(runs.ApplicationError, false, "training failed: %s", firstLine(o.Mark.Error)), nil
@@ -135,7 +162,7 @@ func decideJob(o Observation) (Decision, error) {
 		if r.Phase == runs.Submitted && o.Now.Sub(r.UpdatedAt) < lostJob {
 			return Decision{Action: Wait}, nil // just created; a list may not show it yet
 		}
-		return retryOrFail(r, "RayJob "+jobName+" disappeared"), nil
+		return withEvidence(retryOrFail(r, "RayJob "+jobName+" disappeared", preempted(a, evidence)), evidence), nil
 	}
 	st := o.Job.Status
 	validation := st.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed
@@ -152,18 +179,79 @@ func decideJob(o Observation) (Decision, error) {
 		}
 		// The job ended without the trainer's mark: the trainer did not get
 		// to write it, so the cause is outside the training code.
-		return retryOrFail(r, why), nil
+		return withEvidence(retryOrFail(r, why, preempted(a, evidence)), evidence), nil
+	}
+	if w := o.Workers; a.RunningAt == nil && w != nil && w.Running < w.Need {
+		return withEvidence(capacity(o, a), evidence), nil
 	}
 	if st.JobStatus == rayv1.JobStatusRunning {
-		return Decision{Action: Progress}, nil
+		return withEvidence(Decision{Action: Progress}, evidence), nil
 	}
-	return Decision{Action: Wait}, nil
+	return withEvidence(Decision{Action: Wait}, evidence), nil
+}
+
+// capacity judges an attempt whose workers do not all run yet: after its
+// tier's wait it moves to the next tier; the last tier waits until the
+// start deadline.
+func capacity(o Observation, a *runs.Attempt) Decision {
+	w := o.Workers
+	why := fmt.Sprintf("waiting for capacity: %d of %d workers running", w.Running, w.Need)
+	tiers := o.Run.Spec.Tiers()
+	if a.Tier < len(tiers) {
+		t := tiers[a.Tier]
+		why = fmt.Sprintf("waiting for capacity on tier %d (%s): %d of %d workers running", a.Tier+1, t.Name(), w.Running, w.Need)
+		if a.Tier+1 < len(tiers) && o.Now.Sub(a.Since()) >= time.Duration(t.Wait) {
+			return Decision{Action: NextTier, Why: fmt.Sprintf("%s gave %d of %d workers in %s", t.Name(), w.Running, w.Need, time.Duration(t.Wait))}
+		}
+	}
+	if w.Pending != "" {
+		why += "; " + firstLine(w.Pending)
+	}
+	return Decision{Action: Wait, Why: why}
+}
+
+// newEvidence is the preemption evidence the observation shows that the
+// attempt's record lacks.
+func newEvidence(a *runs.Attempt, o Observation) []string {
+	var seen []string
+	if o.Workers != nil {
+		seen = append(seen, o.Workers.Disrupted...)
+	}
+	if o.Mark != nil && o.Mark.Status == checkpoints.MarkPreempted {
+		seen = append(seen, "trainer: checkpointed on a preemption notice")
+	}
+	var out []string
+	for _, s := range seen {
+		if !slices.Contains(a.Preemptions, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// preempted reports whether the attempt was lost to preemption: evidence
+// of it recorded before, or seen now.
+func preempted(a *runs.Attempt, evidence []string) bool {
+	return len(a.Preemptions) > 0 || len(evidence) > 0
+}
+
+func withEvidence(d Decision, evidence []string) Decision {
+	d.Preempted = evidence
+	return d
 }
 
 // retryOrFail retries an attempt lost to the infrastructure when the spec
-// allows another; else the run fails.
-func retryOrFail(r *runs.Record, why string) Decision {
-	if r.Attempt <= r.Spec.Limits.Retries {
+// allows another: a preempted one against limits.preemptions, any other
+// against limits.retries. Else the run fails.
+func retryOrFail(r *runs.Record, why string, preempted bool) Decision {
+	retried, lost := r.Lost()
+	lim := r.Spec.Limits
+	switch {
+	case preempted && lost < lim.Preemptions:
+		return Decision{Action: Retry, Why: "preempted: " + why}
+	case preempted:
+		return fail(runs.Preempted, false, "preempted: %s; %d attempts lost to preemption already (limits.preemptions %d)", why, lost, lim.Preemptions)
+	case retried < lim.Retries:
 		return Decision{Action: Retry, Why: why}
 	}
 	if r.Attempt > 1 {

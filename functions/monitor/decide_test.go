@@ -49,6 +49,7 @@ var (
 	announced = func(r *runs.Record) { r.Published = []runs.Phase{r.Phase} }
 	attempt2  = func(r *runs.Record) {
 		r.Attempt = 2
+		r.Attempts[0].Outcome, r.Attempts[0].Reason = runs.OutcomeRetried, runs.InfrastructureFailure
 		r.Attempts = append(r.Attempts, runs.Attempt{N: 2, CreatedAt: t0})
 	}
 	running = job(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
@@ -153,6 +154,88 @@ func TestDecideMessages(t *testing.T) {
 	d, _ = Decide(Observation{Run: rec(runs.Running), Job: running, Mark: &checkpoints.Mark{Status: "failed", Error: "ValueError: x\ntrace"}, Now: soon})
 	if d.Ending.Message != "training failed: ValueError: x" {
 		t.Errorf("message %q", d.Ending.Message)
+	}
+}
+
+// tiered is a run on three capacity tiers (reservation for 10m, flex-start
+// for 5m, then spot), its attempt on tier tier since t0.
+func tiered(p runs.Phase, tier int) *runs.Record {
+	return rec(p, func(r *runs.Record) {
+		r.Spec.Cluster.Reservation = "b200"
+		r.Spec.Cluster.Capacity = []spec.Tier{
+			{Type: spec.TierReservation, Wait: spec.Duration(10 * time.Minute)},
+			{Type: spec.TierFlexStart, Wait: spec.Duration(5 * time.Minute)},
+			{Type: spec.TierSpot},
+		}
+		r.Attempts[0].Tier = tier
+	})
+}
+
+// TestDecideCapacity: workers that do not all run keep an attempt from
+// running; each tier gets its wait, the last waits for the start deadline.
+func TestDecideCapacity(t *testing.T) {
+	pending := &Workers{Need: 2, Running: 1, Pending: "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."}
+	all := &Workers{Need: 2, Running: 2}
+	cases := []struct {
+		name   string
+		o      Observation
+		action Action
+		reason runs.Reason
+		why    string
+	}{
+		{"tier 1, within its wait", Observation{Run: tiered(runs.Submitted, 0), Job: running, Workers: pending, Now: t0.Add(9 * time.Minute)}, Wait, "", "waiting for capacity on tier 1 (reservation b200): 1 of 2 workers running; 0/3 nodes are available"},
+		{"tier 1, wait over", Observation{Run: tiered(runs.Submitted, 0), Job: running, Workers: pending, Now: t0.Add(10 * time.Minute)}, NextTier, "", "reservation b200 gave 1 of 2 workers in 10m0s"},
+		{"tier 2, wait over", Observation{Run: tiered(runs.Submitted, 1), Job: running, Workers: pending, Now: t0.Add(5 * time.Minute)}, NextTier, "", "flexStart gave 1 of 2"},
+		{"last tier waits", Observation{Run: tiered(runs.Submitted, 2), Job: running, Workers: pending, Now: t0.Add(29 * time.Minute)}, Wait, "", "tier 3 (spot)"},
+		{"last tier, start deadline", Observation{Run: tiered(runs.Submitted, 2), Job: running, Workers: pending, Now: t0.Add(31 * time.Minute)}, Finish, runs.StartDeadlineExceeded, ""},
+		{"all workers run", Observation{Run: tiered(runs.Submitted, 1), Job: running, Workers: all, Now: soon}, Progress, "", ""},
+		{"job pending, workers too", Observation{Run: tiered(runs.Submitted, 0), Job: job(rayv1.JobDeploymentStatusInitializing, ""), Workers: pending, Now: soon}, Wait, "", "tier 1"},
+		{"running attempt keeps running", Observation{Run: tiered(runs.Running, 0), Job: running, Workers: pending, Now: t0.Add(time.Hour)}, Progress, "", ""},
+	}
+	for _, c := range cases {
+		d, err := Decide(c.o)
+		if err != nil || d.Action != c.action || d.Ending.Reason != c.reason || !strings.Contains(d.Why, c.why) {
+			t.Errorf("%s: %+v %v, want %s %q why ~%q", c.name, d, err, c.action, c.reason, c.why)
+		}
+	}
+}
+
+// TestDecidePreemption: an attempt lost with evidence of preemption is
+// retried against limits.preemptions, never limits.retries, and the
+// evidence not yet recorded comes with the decision.
+func TestDecidePreemption(t *testing.T) {
+	failed := job(rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	disrupted := &Workers{Need: 2, Running: 1, Disrupted: []string{"w-1: TerminationByKubelet"}}
+	lostTwice := func(r *runs.Record) {
+		// Two attempts lost to preemption and one to a lost head: every
+		// retry and two preemptions used.
+		r.Attempts = nil
+		for n, reason := range []runs.Reason{runs.Preempted, runs.InfrastructureFailure, runs.Preempted} {
+			r.Attempts = append(r.Attempts, runs.Attempt{N: n + 1, CreatedAt: t0, Outcome: runs.OutcomeRetried, Reason: reason})
+		}
+		r.Attempt = 4
+		r.Attempts = append(r.Attempts, runs.Attempt{N: 4, CreatedAt: t0, RunningAt: &t0})
+	}
+	budget := func(n int) func(*runs.Record) { return func(r *runs.Record) { r.Spec.Limits.Preemptions = n } }
+	cases := []struct {
+		name     string
+		o        Observation
+		action   Action
+		reason   runs.Reason
+		evidence int
+	}{
+		{"pod disrupted, job still running", Observation{Run: rec(runs.Running), Job: running, Workers: disrupted, Now: soon}, Progress, "", 1},
+		{"job failed, disruption seen now", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Workers: disrupted, Now: soon}, Retry, "", 1},
+		{"job failed, disruption recorded before", Observation{Run: rec(runs.Running, lostTwice, func(r *runs.Record) { r.Attempts[3].Preemptions = []string{"w-1: TerminationByKubelet"} }), Job: failed, Workers: disrupted, Now: soon}, Retry, "", 0},
+		{"trainer checkpointed on notice", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Mark: &checkpoints.Mark{Status: checkpoints.MarkPreempted}, Now: soon}, Retry, "", 1},
+		{"job failed, no evidence, no retry left", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Now: soon}, Finish, runs.InfrastructureFailure, 0},
+		{"preemption budget spent", Observation{Run: rec(runs.Running, lostTwice, budget(2)), Job: failed, Workers: disrupted, Now: soon}, Finish, runs.Preempted, 1},
+	}
+	for _, c := range cases {
+		d, err := Decide(c.o)
+		if err != nil || d.Action != c.action || d.Ending.Reason != c.reason || len(d.Preempted) != c.evidence {
+			t.Errorf("%s: %+v %v, want %s %q with %d new evidence", c.name, d, err, c.action, c.reason, c.evidence)
+		}
 	}
 }
 

@@ -95,6 +95,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 		} else if err != nil {
 			return err
 		}
+		if o.Workers, err = h.workers(ctx, rec); err != nil {
+			return err
+		}
 	}
 	d, err := Decide(o)
 	if err != nil {
@@ -121,9 +124,14 @@ func (h *Handler) job(ctx context.Context, rec *runs.Record, listed map[string]*
 
 // act carries a decision out.
 func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files attemptFiles) error {
+	if err := h.notePreemptions(ctx, rec, d.Preempted); err != nil {
+		return err
+	}
 	switch d.Action {
 	case Wait:
-		return nil
+		return h.noteWaiting(ctx, rec, d.Why)
+	case NextTier:
+		return h.nextTier(ctx, rec, d.Why)
 	case Readmit:
 		return h.readmit(ctx, rec)
 	case Resend:

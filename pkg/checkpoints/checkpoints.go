@@ -74,12 +74,17 @@ type Checkpoint struct {
 // Mark is the trainer's completion mark (raydrop_result.json), the fields
 // the pipeline reads.
 type Mark struct {
-	Status       string             `json:"status"` // succeeded or failed
+	Status       string             `json:"status"` // succeeded, failed or MarkPreempted
 	Error        string             `json:"error,omitempty"`
 	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
 	Data         *DataStats         `json:"data,omitempty"`
 	Samples      *Samples           `json:"samples,omitempty"`
 }
+
+// MarkPreempted is the status of a mark the trainer writes when its nodes
+// gave notice of their reclaim: it saved a checkpoint of the step it was on
+// and stopped, for the next attempt to resume from.
+const MarkPreempted = "preempted"
 
 // Samples are the answers the tuned and the base model gave to held-out
 // rows after training, in a JSON file beside the completion mark.

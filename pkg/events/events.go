@@ -65,6 +65,9 @@ type Run struct {
 	Problems []spec.Problem `json:"problems,omitempty"`
 	Attempt  int            `json:"attempt,omitempty"`
 	Cluster  string         `json:"cluster,omitempty"`
+	// Capacity is where the attempt's GPU workers came from (running and
+	// terminal events).
+	Capacity *Capacity `json:"capacity,omitempty"`
 
 	Checkpoints      []checkpoints.Checkpoint `json:"checkpoints,omitempty"`
 	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
@@ -88,6 +91,25 @@ type Run struct {
 	EstimatedCostUSD *float64           `json:"estimatedCostUsd,omitempty"`
 	StartedAt        *time.Time         `json:"startedAt,omitempty"`
 	EndedAt          *time.Time         `json:"endedAt,omitempty"`
+}
+
+// Capacity is where an attempt's GPU workers came from.
+type Capacity struct {
+	// Tier is the capacity tier the workers were asked on ("spot",
+	// "reservation b200-reservation"); Type is its type, Index its place in
+	// the spec's cluster.capacity, from 1.
+	Tier  string `json:"tier"`
+	Type  string `json:"type"`
+	Index int    `json:"index"`
+	// Served says every worker the attempt needs ran on it; WaitSeconds is
+	// how long the attempt waited for that (for one never served, until it
+	// ended), and Waiting why it waited while it did.
+	Served      bool    `json:"served"`
+	WaitSeconds float64 `json:"waitSeconds"`
+	Waiting     string  `json:"waiting,omitempty"`
+	// Preemptions is how many of the run's attempts were lost to
+	// preemption so far; none counts against limits.retries.
+	Preemptions int `json:"preemptions"`
 }
 
 // New builds the CloudEvent of a run event. Its ID is the run and phase,

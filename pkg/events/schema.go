@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // SchemaID is the $id of the schema of a phase's event data.
@@ -70,7 +71,20 @@ func Schema(phase string) []byte {
 				"seconds": map[string]any{"type": "number", "minimum": 0},
 			},
 		},
-		"report":           map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
+		"report": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
+		"capacity": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
+			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",
+			"properties": map[string]any{
+				"tier":        map[string]any{"type": "string", "minLength": 1},
+				"type":        map[string]any{"enum": []string{spec.TierReservation, spec.TierFlexStart, spec.TierSpot, spec.TierOnDemand}},
+				"index":       map[string]any{"type": "integer", "minimum": 1},
+				"served":      map[string]any{"type": "boolean"},
+				"waitSeconds": map[string]any{"type": "number", "minimum": 0},
+				"waiting":     map[string]any{"type": "string"},
+				"preemptions": map[string]any{"type": "integer", "minimum": 0},
+			},
+		},
 		"timings":          numberMap(),
 		"gpuHours":         map[string]any{"type": "number", "minimum": 0},
 		"estimatedCostUsd": map[string]any{"type": "number", "minimum": 0},

@@ -119,6 +119,13 @@ func RunIDFromFile(file string, content []byte) string {
 // prefix, so the mark wakes Monitor and no checkpoint file does.
 const NoticePrefix = "raydrop-marks/"
 
+// The labels KubeRay gives a RayCluster's pods (utils.RayClusterLabelKey
+// and utils.RayNodeTypeLabelKey in ray-operator/controllers/ray/utils).
+const (
+	LabelRayCluster  = "ray.io/cluster"
+	LabelRayNodeType = "ray.io/node-type"
+)
+
 // The GKE node labels a worker pod's node selector uses to pick its
 // capacity tier (manifests.WorkerPlacement); the local cloud reads the
 // same labels to play a tier's availability.

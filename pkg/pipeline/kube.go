@@ -3,12 +3,17 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"maps"
+	"reflect"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/raydrop/raydrop/pkg/names"
 )
 
 // kubeErr marks what the API server refused for good (an invalid object,
@@ -75,6 +80,57 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	}))
+}
+
+// WorkerPods lists the worker pods of a RayCluster: KubeRay labels them
+// ray.io/cluster=<name> and ray.io/node-type=worker.
+func (d *Deps) WorkerPods(ctx context.Context, namespace, cluster string) ([]corev1.Pod, error) {
+	sel := labels.Set{names.LabelRayCluster: cluster, names.LabelRayNodeType: string(rayv1.WorkerNode)}
+	list, err := d.Kube.Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil, kubeErr("list worker pods of raycluster "+namespace+"/"+cluster, err)
+	}
+	return list.Items, nil
+}
+
+// PlaceWorkers puts the cluster's worker group on the placement of want (a
+// capacity tier's node selector and tolerations) and names pending in
+// KubeRay's scaleStrategy.workersToDelete: KubeRay deletes those pods,
+// whatever the autoscaler says, and creates their replacements from the
+// new template. Pods already running stay where they are. A cluster
+// already so placed is left alone.
+func (d *Deps) PlaceWorkers(ctx context.Context, want *rayv1.RayCluster, pending []string) error {
+	rcs := d.Ray.RayV1().RayClusters(want.Namespace)
+	return kubeErr("move the workers of raycluster "+want.Namespace+"/"+want.Name, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := rcs.Get(ctx, want.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !place(cur, want, pending) {
+			return nil
+		}
+		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}))
+}
+
+// place copies want's worker placement into cur, naming pending for
+// deletion; false when nothing changes.
+func place(cur, want *rayv1.RayCluster, pending []string) bool {
+	changed := false
+	for i := range cur.Spec.WorkerGroupSpecs {
+		g := &cur.Spec.WorkerGroupSpecs[i]
+		for _, w := range want.Spec.WorkerGroupSpecs {
+			ps, ws := &g.Template.Spec, w.Template.Spec
+			if w.GroupName != g.GroupName || maps.Equal(ps.NodeSelector, ws.NodeSelector) && reflect.DeepEqual(ps.Tolerations, ws.Tolerations) {
+				continue
+			}
+			ps.NodeSelector, ps.Tolerations = ws.NodeSelector, ws.Tolerations
+			g.ScaleStrategy.WorkersToDelete = append(g.ScaleStrategy.WorkersToDelete, pending...)
+			changed = true
+		}
+	}
+	return changed
 }
 
 func equal(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }

@@ -345,6 +345,9 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 	if p == r.Phase || p.Terminal() {
 		d.Reason, d.Message = r.Reason, r.Message
 	}
+	if p == runs.Running || p.Terminal() {
+		d.Capacity = capacityOf(r, r.UpdatedAt)
+	}
 	if !p.Terminal() {
 		return d
 	}
@@ -373,10 +376,29 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 			}
 		}
 	}
-	h := GPUHours(r, end)
-	cost := h * cfg.GPUHourUSD
+	h, cost := GPUCost(r, end, cfg.GPUHourUSD)
 	d.GPUHours, d.EstimatedCostUSD = &h, &cost
 	return d
+}
+
+// capacityOf is where the current attempt's workers came from, nil for a
+// run without an attempt.
+func capacityOf(r *runs.Record, end time.Time) *events.Capacity {
+	a := r.CurrentAttempt()
+	if a == nil || r.Spec == nil {
+		return nil
+	}
+	tiers := r.Spec.Tiers()
+	t := tiers[min(a.Tier, len(tiers)-1)]
+	c := &events.Capacity{Tier: t.Name(), Type: t.Type, Index: a.Tier + 1, Served: a.RunningAt != nil, Waiting: a.Waiting}
+	_, c.Preemptions = r.Lost()
+	if a.RunningAt != nil {
+		end = *a.RunningAt
+	} else if a.EndedAt != nil {
+		end = *a.EndedAt
+	}
+	c.WaitSeconds = max(end.Sub(a.CreatedAt).Seconds(), 0)
+	return c
 }
 
 // timings is the seconds spent in each phase the run went through, every
@@ -391,24 +413,39 @@ func timings(r *runs.Record, end time.Time) map[string]float64 {
 	return out
 }
 
-// GPUHours is the GPU time the run held: for every attempt, the GPUs its
-// workers use times the time from its RayJob's creation to its end.
-func GPUHours(r *runs.Record, end time.Time) float64 {
+// GPUCost is the GPU time the run used and its price: for every attempt
+// that ran, the GPUs its workers use times the time from when they all ran
+// to its end, at the price of the capacity tier that served it (the tier's
+// gpuHourUsd, else price). An attempt still waiting for capacity holds no
+// GPUs.
+func GPUCost(r *runs.Record, end time.Time, price float64) (hours, usd float64) {
 	if r.Spec == nil {
-		return 0
+		return 0, 0
 	}
 	gpus := float64(r.Spec.Training.Workers)
-	var h float64
+	tiers := r.Spec.Tiers()
 	for _, a := range r.Attempts {
+		if a.RunningAt == nil {
+			continue
+		}
 		stop := end
 		if a.EndedAt != nil {
 			stop = *a.EndedAt
 		}
-		if d := stop.Sub(a.CreatedAt); d > 0 {
-			h += d.Hours() * gpus
+		d := stop.Sub(*a.RunningAt)
+		if d <= 0 {
+			continue
 		}
+		p := price
+		if len(tiers) > 0 {
+			if t := tiers[min(a.Tier, len(tiers)-1)]; t.GPUHourUSD > 0 {
+				p = t.GPUHourUSD
+			}
+		}
+		hours += d.Hours() * gpus
+		usd += d.Hours() * gpus * p
 	}
-	return h
+	return hours, usd
 }
 
 // permanent marks an error no redelivery can fix.

@@ -29,19 +29,22 @@ type Function struct {
 	WritesReports bool
 	// Kube is the verbs the function uses on each kind of object, granted
 	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
-	// No function touches Secrets, pods or anything cluster-wide.
+	// No function touches Secrets or anything cluster-wide; the monitor
+	// lists pods (to see workers wait for capacity or lose their nodes)
+	// and changes none.
 	Kube map[string][]string
 }
 
 // The Kubernetes resources the functions use, with their API groups.
 const (
 	ResourceConfigMaps  = "configmaps"
+	ResourcePods        = "pods"
 	ResourceRayClusters = "rayclusters"
 	ResourceRayJobs     = "rayjobs"
 )
 
 // KubeGroups are the API groups of the resources in Function.Kube.
-var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
+var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourcePods: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
 
 // Trigger delivers events to a function: a Pub/Sub topic's published
 // messages, or a bucket's finalized objects. A deployed function has one
@@ -102,6 +105,7 @@ var Functions = []Function{
 		// the sweep lists jobs and clusters and scales idle ones to zero.
 		Kube: map[string][]string{
 			ResourceConfigMaps:  {"create"},
+			ResourcePods:        {"list"},
 			ResourceRayClusters: {"create", "get", "list", "update"},
 			ResourceRayJobs:     {"delete", "get", "list"},
 		},

@@ -47,7 +47,8 @@ func stage(t *testing.T, phase runs.Phase, experiments ...string) (func(string) 
 		}
 		res.Latest, res.Mark, res.FinalMetrics = r.Latest, r.Mark, r.FinalMetrics
 		rec.Attempt = n
-		rec.Attempts = append(rec.Attempts, runs.Attempt{N: n, RayJob: "r1-" + string(rune('0'+n)), CreatedAt: t0.Add(time.Minute)})
+		ran := t0.Add(time.Minute)
+		rec.Attempts = append(rec.Attempts, runs.Attempt{N: n, RayJob: "r1-" + string(rune('0'+n)), CreatedAt: ran, RunningAt: &ran})
 	}
 	end := t0.Add(10 * time.Minute)
 	rec.History = append(rec.History, runs.Entry{Phase: phase, At: end})

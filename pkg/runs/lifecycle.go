@@ -248,7 +248,11 @@ func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error 
 		return r.refuse(ToProvisioned, "attempt %d does not follow attempt %d", next.N, r.Attempt)
 	}
 	if prev := r.CurrentAttempt(); prev != nil && prev.EndedAt == nil {
-		prev.EndedAt, prev.Outcome, prev.Reason, prev.Message = &now, OutcomeRetried, InfrastructureFailure, why
+		reason := InfrastructureFailure
+		if len(prev.Preemptions) > 0 {
+			reason = Preempted
+		}
+		prev.EndedAt, prev.Outcome, prev.Reason, prev.Message, prev.Waiting = &now, OutcomeRetried, reason, why, ""
 	}
 	next.CreatedAt = now
 	r.Attempt = next.N
@@ -273,10 +277,49 @@ func (r *Record) MarkRunning(attempt int, now time.Time) error {
 		return err
 	}
 	if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil {
-		a.RunningAt = &now
+		a.RunningAt, a.Waiting = &now, ""
 	}
 	r.enter(Running, now)
 	return nil
+}
+
+// MoveTier records that attempt's workers are asked on capacity tier tier
+// from now, having waited for the last one because of why.
+func (r *Record) MoveTier(attempt, tier int, why string, now time.Time) error {
+	a := r.CurrentAttempt()
+	if a == nil || r.Attempt != attempt || a.RunningAt != nil || a.EndedAt != nil || tier != a.Tier+1 {
+		return ErrNoChange
+	}
+	a.Tier, a.TierSince, a.Waiting = tier, &now, why
+	return nil
+}
+
+// NoteWaiting records why attempt's workers are pending; false when the
+// record already says so (or the attempt no longer waits).
+func (r *Record) NoteWaiting(attempt int, why string) bool {
+	a := r.CurrentAttempt()
+	if a == nil || r.Attempt != attempt || a.RunningAt != nil || a.EndedAt != nil || a.Waiting == why {
+		return false
+	}
+	a.Waiting = why
+	return true
+}
+
+// NotePreemptions adds what shows attempt's nodes were reclaimed, each
+// once; false when it adds nothing.
+func (r *Record) NotePreemptions(attempt int, seen []string) bool {
+	a := r.CurrentAttempt()
+	if a == nil || r.Attempt != attempt || a.EndedAt != nil {
+		return false
+	}
+	added := false
+	for _, s := range seen {
+		if !slices.Contains(a.Preemptions, s) {
+			a.Preemptions = append(a.Preemptions, s)
+			added = true
+		}
+	}
+	return added
 }
 
 // MarkFinishing decides how the run ends, while its attempt (0 for a run

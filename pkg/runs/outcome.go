@@ -31,6 +31,7 @@ const (
 	InvalidJob            Reason = "InvalidJob"
 	NoCheckpoint          Reason = "NoCheckpoint"
 	CheckpointsUnreadable Reason = "CheckpointsUnreadable"
+	Preempted             Reason = "Preempted"
 )
 
 var reasons = []struct {
@@ -46,6 +47,7 @@ var reasons = []struct {
 	{InfrastructureFailure, "failed: the RayJob was lost or ended without the trainer's completion mark, on every attempt limits.retries allows"},
 	{InvalidJob, "failed: KubeRay refused the RayJob (ValidationFailed)"},
 	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
+	{Preempted, "failed: attempts were lost to preemption (Spot VMs reclaimed, nodes shut down) more often than limits.preemptions allows; on a retried attempt, why it was retried"},
 	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},
 }
 

@@ -75,6 +75,43 @@ type Attempt struct {
 	Outcome    Outcome    `json:"outcome,omitempty"`
 	Reason     Reason     `json:"reason,omitempty"`
 	Message    string     `json:"message,omitempty"`
+	// Tier is the capacity tier (an index into the spec's Tiers) the
+	// workers are asked on, from TierSince (nil: from CreatedAt). An
+	// attempt runs once every worker it needs runs: RunningAt minus
+	// CreatedAt is how long it waited for capacity.
+	Tier      int        `json:"tier"`
+	TierSince *time.Time `json:"tierSince,omitempty"`
+	// Waiting is why the workers are pending, as the scheduler says, while
+	// the attempt waits for capacity.
+	Waiting string `json:"waiting,omitempty"`
+	// Preemptions is what showed the attempt's nodes were reclaimed: a
+	// worker pod's disruption ("pod: reason"), or the trainer's checkpoint
+	// on notice. An attempt with any ends Preempted, not against retries.
+	Preemptions []string `json:"preemptions,omitempty"`
+}
+
+// Since is when the attempt moved to its tier.
+func (a *Attempt) Since() time.Time {
+	if a.TierSince != nil {
+		return *a.TierSince
+	}
+	return a.CreatedAt
+}
+
+// Lost counts the run's attempts retried after a failure outside the
+// training code (against limits.retries) and those lost to preemption
+// (against limits.preemptions), the current one included once ended.
+func (r *Record) Lost() (retried, preempted int) {
+	for _, a := range r.Attempts {
+		switch {
+		case a.Outcome != OutcomeRetried:
+		case a.Reason == Preempted:
+			preempted++
+		default:
+			retried++
+		}
+	}
+	return retried, preempted
 }
 
 // Progress is the training progress read from Ray Train's result.json.
