@@ -3,7 +3,9 @@ package kubesim
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +20,10 @@ import (
 type kubelet struct {
 	client.Client
 	ipSeq atomic.Int32
+	// sim, when set, plays capacity (capacity.go): a worker pod whose tier
+	// its job's Scenario refuses stays Pending.
+	sim       *Sim
+	scenarios sync.Map // RayJob UID → Scenario
 }
 
 func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -25,8 +31,11 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if err := k.Get(ctx, req.NamespacedName, pod); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodRunning {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodPending && pod.Status.Phase != "" {
 		return ctrl.Result{}, nil
+	}
+	if tier := k.refusal(ctx, pod); tier != "" {
+		return ctrl.Result{RequeueAfter: 250 * time.Millisecond}, k.unschedulable(ctx, pod, tier)
 	}
 	now := metav1.Now()
 	n := k.ipSeq.Add(1)

@@ -74,6 +74,11 @@ const (
 	// Hang stops making progress at step At and stays RUNNING until the
 	// job is stopped (deleting the RayJob stops it).
 	Hang Outcome = "hang"
+	// Preempt reclaims a worker's node at step At (capacity.go): the pod is
+	// marked disrupted and failed, the trainer finishes step At, saves a
+	// checkpoint of it on the notice, writes a preempted mark and stops;
+	// the Ray job ends FAILED.
+	Preempt Outcome = "preempt"
 )
 
 // Scenario is how one Ray job plays.
@@ -93,6 +98,11 @@ type Scenario struct {
 	// Error is the application error of a failing run, as the trainer
 	// writes it ("SomeError: message"). Default: a RuntimeError naming the step.
 	Error string
+	// Refuse is the capacity tiers (spec.TierReservation, …) that have no
+	// nodes for the job's workers, each for how long from the RayJob's
+	// creation (0: for as long as the job lasts). Ignored by pods already
+	// running.
+	Refuse map[string]time.Duration
 	// DroppedRows is how many of the dataset's rows are longer than
 	// --max-seq-length (default 0). The dataset has one epoch's samples plus
 	// these; above --max-dropped-share the job fails before training, with

@@ -180,6 +180,13 @@ func (p *play) run(ctx context.Context) {
 	}
 
 	t := &trainer{p: p, a: args, sc: sc, st: newStore(s.o.Storage, s.o.Project), cluster: cluster, ns: rj.Namespace}
+	switch err := t.waitForWorkers(ctx); {
+	case errors.Is(err, errStopped):
+		p.end(rayv1.JobStatusStopped, "", "")
+		return
+	case err != nil:
+		return
+	}
 	outcome, errText := t.train(ctx)
 	switch outcome {
 	case "":
@@ -221,6 +228,7 @@ type trainer struct {
 	data     map[string]any // the length filter's counts, in every report
 	evalRows int            // rows every checkpoint is evaluated on
 	samples  any            // the mark's samples entry, once written
+	notice   bool           // a preemption notice came: save at this step
 	// driverLog is the driver's output so far (driverlog.go).
 	driverLog strings.Builder
 }
@@ -309,6 +317,8 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 				return t.fail(ctx, msg, step)
 			case LoseHead:
 				return t.loseHead(ctx, step)
+			case Preempt:
+				return t.preempted(ctx, step, total)
 			case Hang:
 				t.p.log().Info("Ray job hangs", "step", step)
 				select {
@@ -402,6 +412,33 @@ func (t *trainer) loseHead(ctx context.Context, step int) (rayv1.JobStatus, stri
 	return JobStatusLost, ""
 }
 
+// preempted plays a node reclaimed during step: the worker's pod gets its
+// notice, the trainer finishes the step and saves a checkpoint of it, then
+// writes a preempted mark and stops, as trainer/train.py does on a notice.
+func (t *trainer) preempted(ctx context.Context, step, total int) (rayv1.JobStatus, string) {
+	pod, err := t.p.d.sim.preempt(ctx, t.ns, t.cluster)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ""
+		}
+		t.p.log().Warn("no worker to preempt", "err", err)
+	}
+	t.p.log().Info("worker node reclaimed", "step", step, "pod", pod)
+	t.notice = true
+	if err := t.step(ctx, step, total); err != nil {
+		return t.fail(ctx, fmt.Sprintf("OSError: %v", err), step)
+	}
+	msg := fmt.Sprintf("raydrop: preemption notice during step %d: saved checkpoint %v and stopped", step, t.latest)
+	t.logf("%s", msg)
+	if err := t.copyLog(ctx); err != nil && ctx.Err() != nil {
+		return "", ""
+	}
+	if err := t.writeMark(ctx, "preempted", msg); err != nil && ctx.Err() != nil {
+		return "", ""
+	}
+	return rayv1.JobStatusFailed, msg
+}
+
 // metrics of one optimizer step: the loss falls with the global step.
 func (t *trainer) metrics(step, total int) map[string]any {
 	a := t.a
@@ -426,7 +463,7 @@ func (t *trainer) metrics(step, total int) map[string]any {
 }
 
 func (t *trainer) saves(step, total int) bool {
-	if step == total {
+	if step == total || t.notice {
 		return true
 	}
 	if t.a.saveStrategy == "steps" {

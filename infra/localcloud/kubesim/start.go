@@ -204,7 +204,7 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 		return nil, fmt.Errorf("kubesim: RayJob controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("kubelet").For(&corev1.Pod{}).
-		Complete(&kubelet{Client: mgr.GetClient()}); err != nil {
+		Complete(&kubelet{Client: mgr.GetClient(), sim: s}); err != nil {
 		return nil, fmt.Errorf("kubesim: kubelet: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("job-controller").For(&batchv1.Job{}).

@@ -41,6 +41,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/spec"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
@@ -703,7 +704,32 @@ func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenari
 	if parsed.Outcome == kubesim.LoseHead && job.Labels[names.LabelAttempt] != "1" {
 		parsed.Outcome = kubesim.Succeed
 	}
+	// preempt=3/7: attempt n loses a node at the n-th step listed.
+	if at := preemptAt(text); len(at) > 0 {
+		n, _ := strconv.Atoi(job.Labels[names.LabelAttempt])
+		parsed.Outcome = kubesim.Succeed
+		if n >= 1 && n <= len(at) {
+			parsed.Outcome, parsed.At = kubesim.Preempt, at[n-1]
+		}
+	}
 	return parsed
+}
+
+// preemptAt is the steps of a scenario's preempt=3/7 ("" or bad: none).
+func preemptAt(text string) []int {
+	var at []int
+	for _, kv := range strings.Split(text, ",") {
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		if k != "preempt" {
+			continue
+		}
+		for _, s := range strings.Split(v, "/") {
+			if n, err := strconv.Atoi(s); err == nil {
+				at = append(at, n)
+			}
+		}
+	}
+	return at
 }
 
 // ParseScenario reads "outcome=fail,at=5,steps=4,step=100ms" over the
@@ -729,14 +755,43 @@ func ParseScenario(text string) (kubesim.Scenario, error) {
 			sc.PendingFor, err = time.ParseDuration(v)
 		case "dropped":
 			sc.DroppedRows, err = strconv.Atoi(v)
+		case "refuse":
+			sc.Refuse, err = parseRefuse(v)
+		case "preempt":
+			if len(preemptAt(kv)) == 0 {
+				err = fmt.Errorf("preempt=%s names no step (give steps such as preempt=3/7)", v)
+			}
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped, refuse, preempt)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)
 		}
 	}
 	return sc, nil
+}
+
+// parseRefuse reads refuse=reservation:20s/flexStart: the capacity tiers
+// with no nodes, each for how long (none: for the whole job).
+func parseRefuse(v string) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	for _, item := range strings.Split(v, "/") {
+		tier, d, timed := strings.Cut(item, ":")
+		switch tier {
+		case spec.TierReservation, spec.TierFlexStart, spec.TierSpot, spec.TierOnDemand:
+		default:
+			return nil, fmt.Errorf("refuse: unknown capacity tier %q (allowed: reservation, flexStart, spot, onDemand)", tier)
+		}
+		out[tier] = 0
+		if timed {
+			dur, err := time.ParseDuration(d)
+			if err != nil || dur <= 0 {
+				return nil, fmt.Errorf("refuse: %s:%s is not a positive duration", tier, d)
+			}
+			out[tier] = dur
+		}
+	}
+	return out, nil
 }
 
 // StateDir is the folder of the stack's logs and kubeconfig.

@@ -1,0 +1,132 @@
+package stack_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// tieredSpec is the example spec on cluster with the capacity tiers given.
+func tieredSpec(t *testing.T, cluster string, tiers ...map[string]any) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(specFor(t, cluster, nil), &m); err != nil {
+		t.Fatal(err)
+	}
+	m["cluster"].(map[string]any)["capacity"] = tiers
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestCapacityFallsBack: the reservation has no nodes, so after its wait
+// the pipeline moves the pending workers to Spot VMs, where the run
+// succeeds; the events name the tier that served it and the wait.
+func TestCapacityFallsBack(t *testing.T) {
+	t.Parallel()
+	data := tieredSpec(t, "e2e-fallback",
+		map[string]any{"type": "reservation", "wait": "1m"},
+		map[string]any{"type": "spot", "gpuHourUsd": 3})
+	runID := upload(t, "fallback", data, "refuse=reservation,steps=2,step=200ms")
+
+	// While the reservation refuses, the run waits in SUBMITTED and its
+	// record says why.
+	deadline := time.Now().Add(45 * time.Second)
+	var waiting string
+	for time.Now().Before(deadline) && waiting == "" {
+		if r, err := probe.Runs(st).Get(context.Background(), runID); err == nil && r.CurrentAttempt() != nil {
+			waiting = r.CurrentAttempt().Waiting
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(waiting, "waiting for capacity on tier 1 (reservation b200-reservation): 0 of 2 workers running") || !strings.Contains(waiting, "didn't match Pod's node affinity/selector") {
+		t.Errorf("record says %q while the reservation refuses", waiting)
+	}
+
+	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded || r.Attempt != 1 {
+		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 1", r.Phase, r.Attempt, r.Message)
+	}
+	a := r.CurrentAttempt()
+	if a.Tier != 1 || a.TierSince == nil || a.TierSince.Sub(a.CreatedAt) < time.Minute || a.RunningAt == nil {
+		t.Errorf("attempt %+v; want it moved to tier 2 a minute or more after it started, then running", a)
+	}
+	evs := eventsOf(t, runID)
+	for _, phase := range []string{"running", "succeeded"} {
+		i := slices.IndexFunc(evs, func(e probe.Seen) bool { return e.Phase == phase })
+		if i < 0 {
+			t.Fatalf("no %s event: %+v", phase, evs)
+		}
+		c := evs[i].Capacity
+		if c == nil || c.Tier != "spot" || c.Index != 2 || !c.Served || c.WaitSeconds < 60 || c.Preemptions != 0 {
+			t.Errorf("%s event's capacity %+v; want spot (tier 2), served after 60 s or more", phase, c)
+		}
+	}
+	// The worker pods run on Spot VMs: the node selector GKE matches.
+	pods, err := kube.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: names.LabelRayCluster + "=e2e-fallback"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Labels[names.LabelRayNodeType] == "worker" && p.Spec.NodeSelector[names.NodeSpot] != "true" {
+			t.Errorf("worker %s selects %v, want Spot nodes", p.Name, p.Spec.NodeSelector)
+		}
+	}
+	waitNoWorkers(t, "e2e-fallback")
+}
+
+// TestPreemptedTwice: a Spot run that loses a node twice succeeds, each
+// attempt resuming from the checkpoint the trainer saved on the notice,
+// with limits.retries untouched and two preemptions recorded.
+func TestPreemptedTwice(t *testing.T) {
+	t.Parallel()
+	data := tieredSpec(t, "e2e-preempt", map[string]any{"type": "spot"})
+	runID := upload(t, "preempt", data, "preempt=3/7,steps=4,step=200ms")
+	r := waitPhase(t, runID, 180*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded || r.Attempt != 3 {
+		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 3", r.Phase, r.Attempt, r.Message)
+	}
+	if retried, preempted := r.Lost(); retried != 0 || preempted != 2 {
+		t.Errorf("%d retries and %d preemptions used, want 0 and 2", retried, preempted)
+	}
+	for i, a := range r.Attempts[:2] {
+		if a.Reason != runs.Preempted || len(a.Preemptions) == 0 {
+			t.Errorf("attempt %d ended %s with evidence %v, want Preempted", a.N, a.Reason, a.Preemptions)
+		}
+		if next := r.Attempts[i+1]; !strings.Contains(next.ResumeFrom, "attempt-"+string(rune('1'+i))+"/") {
+			t.Errorf("attempt %d resumes from %q, want attempt %d's checkpoint", next.N, next.ResumeFrom, a.N)
+		}
+	}
+	// Each attempt resumed from the step the last one was preempted at:
+	// the checkpoint saved on the notice, so no step was lost.
+	var resumed []int
+	for _, p := range st.Sim.Played() {
+		if strings.HasPrefix(p.RayJob, "default/"+names.RayJob(runID, 1)[:len(names.RayJob(runID, 1))-1]) {
+			resumed = append(resumed, p.ResumedFrom)
+			if p.Scenario.Outcome == kubesim.Preempt && p.LastStep != p.Scenario.At {
+				t.Errorf("%s preempted at step %d reported up to step %d, want the step it was on saved", p.RayJob, p.Scenario.At, p.LastStep)
+			}
+		}
+	}
+	if !slices.Equal(resumed, []int{0, 3, 7}) {
+		t.Errorf("attempts resumed from steps %v, want [0 3 7]", resumed)
+	}
+	evs := eventsOf(t, runID)
+	final := evs[len(evs)-1]
+	if c := final.Capacity; c == nil || c.Preemptions != 2 || c.Tier != "spot" || final.Attempt != 3 {
+		t.Errorf("succeeded event attempt %d capacity %+v; want attempt 3 on spot with 2 preemptions", final.Attempt, c)
+	}
+	waitNoWorkers(t, "e2e-preempt")
+}
