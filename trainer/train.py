@@ -3,7 +3,8 @@
 Runs LoRA fine-tuning of Gemma 3 on image+text product descriptions with
 TRL's SFTTrainer under Ray Train's TorchTrainer (Train V1 storage layout),
 then writes <storage-path>/<experiment-name>/raydrop_result.json. Exit code
-0 when training succeeded, 1 when it failed, 2 on invalid flags.
+0 when training succeeded, 1 when it failed, 2 on invalid flags, 3 when a
+preemption notice stopped it after saving a checkpoint (notice.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cli  # noqa: E402
 import driverlog  # noqa: E402
+import notice  # noqa: E402
 import result  # noqa: E402
 
 # Modules whose code the Ray workers need. They are pickled by value, so the
 # workers do not depend on the code directory being on their import path.
-WORKER_MODULES = ("cli", "data", "modeling", "result", "samples", "sft", "worker")
+WORKER_MODULES = ("cli", "data", "modeling", "notice", "result", "samples", "sft", "worker")
 
 
 def _log(msg: str) -> None:
@@ -40,10 +42,15 @@ def run(args) -> int:
 
     for name in WORKER_MODULES:
         ray.cloudpickle.register_pickle_by_value(sys.modules[__import__(name).__name__])
+    # ray.init() installs a SIGTERM handler that exits at once; the notice
+    # handler replaces it, so a SIGTERM saves a checkpoint first.
+    ray.init()
+    notice.on_sigterm(_log)
 
     storage_path = result.normalize_storage_path(args.storage_path)
     config = dict(vars(args))
     config["storage_path"] = storage_path
+    config["notice_file"] = notice.path()  # every pod has the same; the workers look there
 
     scaling = ScalingConfig(
         num_workers=args.num_workers,
@@ -68,8 +75,12 @@ def run(args) -> int:
         _log(f"run {args.run_id}: {args.num_workers} workers, storage {storage_path}/{args.experiment_name}")
         res = trainer.fit()
         trial_hint = os.path.basename(str(res.path).rstrip("/")) if res.path else None
+        stopped_at = (res.metrics or {}).get(notice.PREEMPTED_KEY)
         if res.error is not None:
             error = result.error_text(res.error)
+        elif stopped_at is not None:
+            status = "preempted"
+            error = f"preemption notice after step {stopped_at}: saved a checkpoint of it and stopped"
         else:
             status = "succeeded"
     except BaseException as exc:  # the mark must be written whatever happened
@@ -79,7 +90,7 @@ def run(args) -> int:
         where = result.write(storage_path, args.experiment_name, doc)
         _log(f"{status}; wrote {where}")
         _announce(args, where)
-    return 0 if status == "succeeded" else 1
+    return {"succeeded": 0, "preempted": 3}.get(status, 1)
 
 
 def _announce(args, mark: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional
 
 import data
 import modeling
+import notice
 import samples
 import sft
 from cli import effective_lr_scheduler
@@ -57,7 +58,8 @@ def _make_callback_class():
         The final summary (train_runtime, train_loss, ...) is the last report.
         """
 
-        def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None, evaluate=None) -> None:
+        def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None, evaluate=None,
+                     watch=None) -> None:
             self.metrics: Dict[str, Any] = {}
             self.saved = 0
             self.latest: Optional[str] = None
@@ -69,6 +71,18 @@ def _make_callback_class():
             # is reported, on every rank (the evaluation reduces across them),
             # so its eval_loss is its own and never an earlier one's.
             self.evaluate = evaluate
+            # A preemption notice (notice.py): save this step and stop.
+            self.watch = watch
+            self.preempted_at: Optional[int] = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.watch is not None and self.preempted_at is None and self.watch.due():
+                self.preempted_at = state.global_step
+                control.should_save = True
+                control.should_training_stop = True
+                if state.is_world_process_zero:
+                    log.warning("preemption notice after step %d: saving a checkpoint and stopping", state.global_step)
+            return control
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
             metrics = dict(metrics)
@@ -104,6 +118,8 @@ def _make_callback_class():
                     summary["train_loss"] = logs["train_loss"] * state.global_step / steps
                 summary["train_steps"] = steps
                 summary["global_step"] = state.global_step
+                if self.preempted_at is not None:
+                    summary[notice.PREEMPTED_KEY] = self.preempted_at
                 self._report({**self.metrics, **summary, "step": state.global_step, "epoch": state.epoch})
                 return
             self.metrics.update(logs)
@@ -300,14 +316,18 @@ def train_func(config: Dict[str, Any]) -> None:
         data_collator=collator,
         peft_config=peft_config,
     )
-    trainer.add_callback(_make_callback_class()(
-        data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None))
+    callback = _make_callback_class()(
+        data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None,
+        watch=notice.Watch(getattr(args, "notice_file", None), device))
+    trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in trainer.model.parameters())
         log.info("trainable parameters: %d of %d", trainable, total)
     trainer.train(resume_from_checkpoint=resume_dir)
     shutil.rmtree(output_dir, ignore_errors=True)
+    if callback.preempted_at is not None:
+        return  # the grace period is short: the checkpoint is saved, the rest waits for the next attempt
     if rank == 0 and args.sample_answers > 0 and eval_dataset is not None:
         rows = eval_dataset.select(range(min(args.sample_answers, len(eval_dataset))))
         try:

@@ -296,8 +296,11 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Attempt > 0 {
 		fmt.Fprintf(tw, "attempt\t%d\n", r.Attempt)
 	}
-	if p := r.Progress; p != nil {
-		fmt.Fprintf(tw, "progress\t%s\n", progressText(r, time.Now()))
+	if c := capacityText(r); c != "" {
+		fmt.Fprintf(tw, "capacity\t%s\n", c)
+	}
+	if line := progressText(r, time.Now()); line != "" {
+		fmt.Fprintf(tw, "progress\t%s\n", line)
 	}
 	fmt.Fprintf(tw, "created\t%s\n", r.CreatedAt.Local().Format(time.DateTime))
 	if r.Report != "" {
@@ -312,6 +315,31 @@ func describe(w io.Writer, r *runs.Record) {
 			fmt.Fprintf(w, "checkpoint  %s  step %d  epoch %g\n", c.URI, c.Step, c.Epoch)
 		}
 	}
+}
+
+// capacityText is "tier 2 of 3 (spot) since 10:04:05 · 1 preemption" for
+// the current attempt; "" for a run without one or on the only tier with
+// no preemption.
+func capacityText(r *runs.Record) string {
+	a := r.CurrentAttempt()
+	if a == nil || r.Spec == nil {
+		return ""
+	}
+	tiers := r.Spec.Tiers()
+	_, preempted := r.Lost()
+	if len(tiers) < 2 && preempted == 0 {
+		return ""
+	}
+	t := tiers[min(a.Tier, len(tiers)-1)]
+	s := fmt.Sprintf("tier %d of %d (%s) since %s", a.Tier+1, len(tiers), t.Name(), a.Since().Local().Format(time.TimeOnly))
+	switch preempted {
+	case 0:
+	case 1:
+		s += " · 1 attempt lost to preemption"
+	default:
+		s += fmt.Sprintf(" · %d attempts lost to preemption", preempted)
+	}
+	return s
 }
 
 // oneRun parses the arguments of a command that takes one run ID, opens

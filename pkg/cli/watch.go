@@ -24,7 +24,11 @@ import (
 
 // progressText is "step 12 · epoch 1.50/3 [#####.....] 50% · loss 1.234 ·
 // elapsed 1m2s · ETA 1m2s" for a run's latest progress.
+// While the attempt waits for capacity, it is why it waits.
 func progressText(r *runs.Record, now time.Time) string {
+	if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil && a.EndedAt == nil && a.Waiting != "" {
+		return a.Waiting
+	}
 	p := r.Progress
 	if p == nil {
 		return ""

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // TestPassedPhases: watch shows the phases a run went through between two
@@ -27,5 +28,35 @@ func TestPassedPhases(t *testing.T) {
 		if got := passed(r, tc.after); !slices.Equal(got, tc.want) {
 			t.Errorf("passed(after %s) = %v, want %v", tc.after.Format(time.TimeOnly), got, tc.want)
 		}
+	}
+}
+
+// TestCapacityShown: status and watch say why an attempt waits for
+// capacity, on which tier, and how many attempts preemption took.
+func TestCapacityShown(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	s := spec.Defaults()
+	s.Cluster.Reservation = "b200"
+	s.Cluster.Capacity = []spec.Tier{{Type: spec.TierReservation, Wait: spec.Duration(10 * time.Minute)}, {Type: spec.TierSpot}}
+	moved := t0.Add(10 * time.Minute)
+	r := &runs.Record{Phase: runs.Submitted, Spec: &s, Attempt: 2, Attempts: []runs.Attempt{
+		{N: 1, CreatedAt: t0, Outcome: runs.OutcomeRetried, Reason: runs.Preempted},
+		{N: 2, CreatedAt: t0, Tier: 1, TierSince: &moved, Waiting: "waiting for capacity on tier 2 (spot): 0 of 2 workers running"},
+	}}
+	if got := progressText(r, moved); got != r.Attempts[1].Waiting {
+		t.Errorf("progress %q, want the wait", got)
+	}
+	want := "tier 2 of 2 (spot) since " + moved.Local().Format(time.TimeOnly) + " · 1 attempt lost to preemption"
+	if got := capacityText(r); got != want {
+		t.Errorf("capacity %q, want %q", got, want)
+	}
+	ran := moved.Add(time.Minute)
+	r.Attempts[1].RunningAt = &ran
+	if got := progressText(r, ran); got != "" {
+		t.Errorf("a running attempt without progress shows %q", got)
+	}
+	d := spec.Defaults()
+	if got := capacityText(&runs.Record{Spec: &d, Attempt: 1, Attempts: []runs.Attempt{{N: 1}}}); got != "" {
+		t.Errorf("the default single tier shows %q", got)
 	}
 }

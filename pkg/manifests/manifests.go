@@ -139,6 +139,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 		}),
 		Env:          podEnv(s),
 		VolumeMounts: mounts(),
+		Lifecycle:    &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: PreStop}}},
 	}
 	nodeSelector, tolerations := WorkerPlacement(s, tier)
 	return &rayv1.RayCluster{
@@ -176,6 +177,19 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 		},
 	}
 }
+
+// NoticeFile is where a worker pod's preStop hook leaves the notice that
+// its node is going away; the trainer's workers look for it after every
+// step, save a checkpoint and stop (trainer/notice.py, DEFAULT_NOTICE).
+const NoticeFile = "/tmp/raydrop/notice"
+
+// PreStop is the worker container's preStop hook: it gives the notice, then
+// holds the container's SIGTERM back while the workers save. GKE gives the
+// pods of a reclaimed Spot VM 15 of its 30 seconds' notice
+// (https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms), and
+// the hook's time counts against the grace period
+// (https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/).
+var PreStop = []string{"/bin/sh", "-c", "mkdir -p /tmp/raydrop && touch " + NoticeFile + " && sleep 12"}
 
 // WorkerPlacement is where the GPU workers of capacity tier tier may run:
 // the node labels GKE gives nodes of that kind, and the tolerations they

@@ -118,6 +118,8 @@ func TestMatchesTutorial(t *testing.T) {
 			}
 			setPath(t, got, c+".env", env[:1])
 		}
+		// The worker's preStop hook gives the trainer a preemption notice.
+		deletePath(got, "spec.workerGroupSpecs.0.template.spec.containers.0.lifecycle")
 		// KubeRay's typed WorkerGroupSpec always carries scaleStrategy.
 		deletePath(got, "spec.workerGroupSpecs.0.scaleStrategy")
 		// The tutorial's empty "metadata:" is null; the typed object's is {}.
@@ -399,6 +401,18 @@ func BenchmarkObjects(b *testing.B) {
 		if _, err := manifests.YAML(manifests.Objects(s, run, fixedCode)); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestNoticeFileIsTheTrainers: the preStop hook leaves the notice where the
+// trainer looks by default.
+func TestNoticeFileIsTheTrainers(t *testing.T) {
+	py, err := os.ReadFile("../../trainer/notice.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(py), `DEFAULT_NOTICE = "`+manifests.NoticeFile+`"`) {
+		t.Errorf("trainer/notice.py's DEFAULT_NOTICE is not %s", manifests.NoticeFile)
 	}
 }
 

@@ -31,7 +31,15 @@ SAMPLES_PER_STEP = WORKERS * 1 * GA
 
 
 def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600, run_id=None):
-    argv = [
+    argv = trainer_argv(storage, experiment, assets, extra, run_id)
+    env = dict(os.environ, RAY_ADDRESS=ray_address)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def trainer_argv(storage, experiment, assets, extra, run_id):
+    return [
         sys.executable, os.path.join(TRAINER_DIR, "train.py"),
         "--run-id", run_id or "test-" + experiment,
         "--storage-path", storage,
@@ -50,10 +58,6 @@ def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600,
         "--gradient-checkpointing", "false", "--seed", "42",
         "--max-steps", str(STEPS), "--dataloader-num-workers", "0",
     ] + list(extra)
-    env = dict(os.environ, RAY_ADDRESS=ray_address)
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
-    return proc
 
 
 def results(storage, experiment):
@@ -274,3 +278,57 @@ def test_failed_run_writes_mark(ray_address, storage, assets):
     assert doc["status"] == "failed"
     assert doc["error"] and "no-such-dataset" in doc["error"], doc["error"]
     assert doc["checkpoints"] == [] and doc["latestCheckpoint"] is None and doc["finalMetrics"] == {}
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, storage, assets, tmp_path):
+    """A SIGTERM to the driver mid-epoch (a node's shutdown) gives the workers notice:
+    they finish the step, save a checkpoint of it through Ray Train and stop; the mark
+    says preempted, and the next attempt resumes from that checkpoint."""
+    import signal
+    import time
+
+    notice_file = str(tmp_path / "notice")
+    argv_env = dict(os.environ, RAYDROP_NOTICE_FILE=notice_file)
+    proc = start_trainer(ray_address, storage, "exp-p", assets, argv_env, run_id="test-notice")
+    result_path = None
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        found = glob.glob(os.path.join(storage, "exp-p", "TorchTrainer_*", "result.json"))
+        if found and os.path.getsize(found[0]) > 0:
+            result_path = found[0]
+            break
+        time.sleep(0.5)
+    assert result_path, "no step reported before the deadline: " + (proc.communicate()[0] or "")[-6000:]
+    with open(result_path) as f:
+        seen_step = max(json.loads(line)["step"] for line in f if line.strip())
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, out[-6000:]
+    assert "SIGTERM: gave the workers notice" in out
+
+    m = mark(storage, "exp-p")
+    assert m["status"] == "preempted", m
+    trial, rows = results(storage, "exp-p")
+    last = rows[-1]
+    stopped = last["preempted_at_step"]
+    assert seen_step < stopped < STEPS, (seen_step, stopped)
+    saved = [r for r in rows if r.get("checkpoint_dir_name")]
+    assert saved and saved[-1]["step"] == stopped, saved
+    assert m["latestCheckpoint"].endswith(saved[-1]["checkpoint_dir_name"]), m["latestCheckpoint"]
+    assert os.path.exists(os.path.join(trial, saved[-1]["checkpoint_dir_name"], "checkpoint", "adapter_model.safetensors"))
+
+    uri = "file://" + os.path.join(trial, saved[-1]["checkpoint_dir_name"])
+    resumed = run_trainer(ray_address, storage, "exp-q", assets, run_id="test-notice",
+                          extra=["--resume-from", uri, "--max-steps", str(stopped + 2)])
+    assert resumed.returncode == 0, resumed.stdout[-6000:] + resumed.stderr[-6000:]
+    _, rows = results(storage, "exp-q")
+    assert rows[0]["resumed_from_step"] == stopped and rows[-1]["global_step"] == stopped + 2, rows[0]
+    assert mark(storage, "exp-q")["status"] == "succeeded"
+
+
+def start_trainer(ray_address, storage, experiment, assets, env, run_id):
+    """run_trainer's command, started in the background with env."""
+    argv = trainer_argv(storage, experiment, assets, (), run_id)
+    env = dict(env, RAY_ADDRESS=ray_address)
+    env.pop("PYTHONPATH", None)
+    return subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
