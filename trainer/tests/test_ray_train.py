@@ -289,7 +289,10 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
 
     notice_file = str(tmp_path / "notice")
     argv_env = dict(os.environ, RAYDROP_NOTICE_FILE=notice_file)
-    proc = start_trainer(ray_address, storage, "exp-p", assets, argv_env, run_id="test-notice")
+    # Long enough that the notice, not the step limit, ends it.
+    long_run = 400
+    proc = start_trainer(ray_address, storage, "exp-p", assets, argv_env, run_id="test-notice",
+                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)])
     result_path = None
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
@@ -311,7 +314,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     trial, rows = results(storage, "exp-p")
     last = rows[-1]
     stopped = last["preempted_at_step"]
-    assert seen_step < stopped < STEPS, (seen_step, stopped)
+    assert seen_step < stopped < long_run, (seen_step, stopped)
     saved = [r for r in rows if r.get("checkpoint_dir_name")]
     assert saved and saved[-1]["step"] == stopped, saved
     assert m["latestCheckpoint"].endswith(saved[-1]["checkpoint_dir_name"]), m["latestCheckpoint"]
@@ -326,9 +329,9 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     assert mark(storage, "exp-q")["status"] == "succeeded"
 
 
-def start_trainer(ray_address, storage, experiment, assets, env, run_id):
+def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=()):
     """run_trainer's command, started in the background with env."""
-    argv = trainer_argv(storage, experiment, assets, (), run_id)
+    argv = trainer_argv(storage, experiment, assets, extra, run_id)
     env = dict(env, RAY_ADDRESS=ray_address)
     env.pop("PYTHONPATH", None)
     return subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
