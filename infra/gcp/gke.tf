@@ -1,6 +1,12 @@
 # The GKE Autopilot cluster with the Ray operator add-on, or an existing one.
-# GPU nodes come from the B200 reservation that each job spec names: Autopilot
-# provisions them from the pods' node selectors, so nothing here holds GPUs.
+# GPU nodes come from the capacity tiers each job spec lists (cluster.capacity:
+# a reservation, flex-start, Spot): Autopilot provisions a node for each pod
+# from its node selector, so no node pool, compute class or GPU is declared
+# here. Reservations:
+# https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations;
+# Spot Pods: https://cloud.google.com/kubernetes-engine/docs/how-to/autopilot-spot-pods;
+# flex-start (its nodes last at most seven days):
+# https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training.
 # Nothing exposes the Ray dashboard: its job API runs code for anyone who
 # reaches it, so it stays a cluster-internal Service.
 

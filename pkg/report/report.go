@@ -93,6 +93,7 @@ func Metrics() []string {
 var pageText string
 
 var page = template.Must(template.New("report").Funcs(template.FuncMap{
+	"tier": tierText,
 	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 	"whenp": func(t *time.Time) string {
 		if t == nil {
@@ -106,6 +107,20 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 	"lower":  strings.ToLower,
 	"metric": func(m map[string]float64, k string) string { return numOr(m, k) },
 }).Parse(pageText))
+
+// tierText is the capacity tier an attempt was on ("spot, tier 2 of 3"),
+// with the preemptions that ended it.
+func tierText(r *runs.Record, a runs.Attempt) string {
+	if r.Spec == nil || len(r.Spec.Cluster.Capacity) == 0 {
+		return "–"
+	}
+	tiers := r.Spec.Tiers()
+	s := fmt.Sprintf("%s, tier %d of %d", tiers[min(a.Tier, len(tiers)-1)].Name(), a.Tier+1, len(tiers))
+	if n := len(a.Preemptions); n > 0 {
+		s += fmt.Sprintf("; preempted (%s)", strings.Join(a.Preemptions, "; "))
+	}
+	return s
+}
 
 // Render renders the report page.
 func Render(in Input) ([]byte, error) {

@@ -129,6 +129,10 @@ func TestReportOfASucceededRun(t *testing.T) {
 
 	// The spec's differences from the defaults, and the cost.
 	// 2 attempts of 9 minutes on 16 GPUs, at $12 per GPU-hour.
+	// Each attempt's capacity tier.
+	if n := strings.Count(page, `<td class="tier">reservation, tier 1 of 1</td>`); n != 2 {
+		t.Errorf("%d attempts name their reservation tier, want 2", n)
+	}
 	for _, s := range []string{`<code>output.bucket</code>`, `<code>training.learningRate</code>`, `id="cost">$57.60 at $12 per GPU-hour`} {
 		if !strings.Contains(page, s) {
 			t.Errorf("%q missing", s)

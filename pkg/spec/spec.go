@@ -268,7 +268,7 @@ func (s *JobSpec) Tiers() []Tier {
 
 // Name is how the tier is shown: its type, and a reservation's name.
 func (t Tier) Name() string {
-	if t.Type == TierReservation {
+	if t.Type == TierReservation && t.Reservation != "" {
 		return t.Type + " " + t.Reservation
 	}
 	return t.Type
