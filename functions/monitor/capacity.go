@@ -1,42 +1,77 @@
 package monitor
 
 import (
-	"context"
+	"fmt"
+	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// workers observes the worker pods of the run's cluster: how many run, why
-// one is pending, and which Kubernetes marked as disrupted.
-func (h *Handler) workers(ctx context.Context, rec *runs.Record) (*Workers, error) {
-	pods, err := h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster)
-	if err != nil {
-		return nil, err
-	}
-	s := rec.Spec
-	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs}
-	for _, p := range pods {
-		if why := disruption(&p); why != "" {
-			w.Disrupted = append(w.Disrupted, p.Name+": "+why)
-			continue
+// Workers is what the worker pods of a run's cluster show.
+type Workers struct {
+	Need    int // worker pods the attempt needs running
+	Running int // worker pods running and not being deleted
+	// Pending is why a pending worker pod waits (the scheduler's
+	// PodScheduled message), "" when none does.
+	Pending string
+	// Disrupted is every worker pod Kubernetes marked as disrupted (the
+	// DisruptionTarget condition) or that a node shutdown terminated, as
+	// "pod: reason".
+	Disrupted []string
+}
+
+// capacity judges an attempt whose workers do not all run yet: after its
+// tier's wait it moves to the next tier; the last tier waits until the
+// start deadline.
+func capacity(o Observation, a *runs.Attempt) Decision {
+	w := o.Workers
+	why := fmt.Sprintf("waiting for capacity: %d of %d workers running", w.Running, w.Need)
+	tiers := o.Run.Spec.Tiers()
+	if a.Tier < len(tiers) {
+		t := tiers[a.Tier]
+		why = fmt.Sprintf("waiting for capacity on tier %d (%s): %d of %d workers running", a.Tier+1, t.Name(), w.Running, w.Need)
+		if a.Tier+1 < len(tiers) && o.Now.Sub(a.Since()) >= time.Duration(t.Wait) {
+			return Decision{Action: NextTier, Why: fmt.Sprintf("%s gave %d of %d workers in %s", t.Name(), w.Running, w.Need, time.Duration(t.Wait))}
 		}
-		switch {
-		case p.DeletionTimestamp != nil:
-		case p.Status.Phase == corev1.PodRunning:
-			w.Running++
-		case p.Status.Phase == corev1.PodPending && w.Pending == "":
-			w.Pending = p.Name + " pending"
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
-					w.Pending = p.Name + ": " + c.Message
-				}
-			}
+	}
+	if w.Pending != "" {
+		why += "; " + firstLine(w.Pending)
+	}
+	return Decision{Action: Wait, Why: why}
+}
+
+// newEvidence is the preemption evidence the observation shows that the
+// attempt's record lacks.
+func newEvidence(a *runs.Attempt, o Observation) []string {
+	var seen []string
+	if o.Workers != nil {
+		seen = append(seen, o.Workers.Disrupted...)
+	}
+	if o.Mark != nil && o.Mark.Status == checkpoints.MarkPreempted {
+		seen = append(seen, "trainer: checkpointed on a preemption notice")
+	}
+	var out []string
+	for _, s := range seen {
+		if !slices.Contains(a.Preemptions, s) {
+			out = append(out, s)
 		}
 	}
-	return w, nil
+	return out
+}
+
+// preempted reports whether the attempt was lost to preemption: evidence
+// of it recorded before, or seen now.
+func preempted(a *runs.Attempt, evidence []string) bool {
+	return len(a.Preemptions) > 0 || len(evidence) > 0
+}
+
+func withEvidence(d Decision, evidence []string) Decision {
+	d.Preempted = evidence
+	return d
 }
 
 // disruption is why Kubernetes took the pod's node away, "" when it did
@@ -59,71 +94,4 @@ func disruption(p *corev1.Pod) string {
 		return p.Status.Reason
 	}
 	return ""
-}
-
-// notePreemptions records evidence of preemption the attempt lacked.
-func (h *Handler) notePreemptions(ctx context.Context, rec *runs.Record, seen []string) error {
-	if len(seen) == 0 {
-		return nil
-	}
-	attempt := rec.Attempt
-	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if !r.NotePreemptions(attempt, seen) {
-			return runs.ErrNoChange
-		}
-		return nil
-	})
-	if err == nil {
-		h.Deps.Log.Warn("preemption_seen", "run_id", rec.RunID, "attempt", attempt, "evidence", seen)
-	}
-	return err
-}
-
-// noteWaiting records why the attempt waits for capacity, when that
-// changed: watch and status show it.
-func (h *Handler) noteWaiting(ctx context.Context, rec *runs.Record, why string) error {
-	if a := rec.CurrentAttempt(); why == "" || a == nil || a.Waiting == why {
-		return nil
-	}
-	attempt := rec.Attempt
-	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if !r.NoteWaiting(attempt, why) {
-			return runs.ErrNoChange
-		}
-		return nil
-	})
-	return err
-}
-
-// nextTier moves the attempt's pending workers to the next capacity tier:
-// the worker group's placement changes, KubeRay replaces the pending pods,
-// and the record says from when.
-func (h *Handler) nextTier(ctx context.Context, rec *runs.Record, why string) error {
-	a := rec.CurrentAttempt()
-	tier := a.Tier + 1
-	code, err := manifests.TrainerCode()
-	if err != nil {
-		return err
-	}
-	pods, err := h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster)
-	if err != nil {
-		return err
-	}
-	var pending []string
-	for _, p := range pods {
-		if p.Status.Phase == corev1.PodPending && p.DeletionTimestamp == nil {
-			pending = append(pending, p.Name)
-		}
-	}
-	if err := h.Deps.PlaceWorkers(ctx, manifests.RayCluster(rec.Spec, code, tier), pending); err != nil {
-		return err
-	}
-	attempt := rec.Attempt
-	_, err = h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		return r.MoveTier(attempt, tier, why, h.Deps.Time())
-	})
-	if err == nil {
-		h.Deps.Log.Warn("capacity_tier_moved", "run_id", rec.RunID, "attempt", attempt, "tier", tier+1, "capacity", rec.Spec.Tiers()[tier].Name(), "why", why, "pending_pods", pending)
-	}
-	return err
 }

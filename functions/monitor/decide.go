@@ -3,7 +3,6 @@ package monitor
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -38,19 +37,6 @@ type Observation struct {
 	// not looked at (a phase without a RayJob).
 	Workers *Workers
 	Now     time.Time
-}
-
-// Workers is what the worker pods of a run's cluster show.
-type Workers struct {
-	Need    int // worker pods the attempt needs running
-	Running int // worker pods running and not being deleted
-	// Pending is why a pending worker pod waits (the scheduler's
-	// PodScheduled message), "" when none does.
-	Pending string
-	// Disrupted is every worker pod Kubernetes marked as disrupted (the
-	// DisruptionTarget condition) or that a node shutdown terminated, as
-	// "pod: reason".
-	Disrupted []string
 }
 
 // Action is what a check does about a run.
@@ -188,56 +174,6 @@ func decideJob(o Observation) (Decision, error) {
 		return withEvidence(Decision{Action: Progress}, evidence), nil
 	}
 	return withEvidence(Decision{Action: Wait}, evidence), nil
-}
-
-// capacity judges an attempt whose workers do not all run yet: after its
-// tier's wait it moves to the next tier; the last tier waits until the
-// start deadline.
-func capacity(o Observation, a *runs.Attempt) Decision {
-	w := o.Workers
-	why := fmt.Sprintf("waiting for capacity: %d of %d workers running", w.Running, w.Need)
-	tiers := o.Run.Spec.Tiers()
-	if a.Tier < len(tiers) {
-		t := tiers[a.Tier]
-		why = fmt.Sprintf("waiting for capacity on tier %d (%s): %d of %d workers running", a.Tier+1, t.Name(), w.Running, w.Need)
-		if a.Tier+1 < len(tiers) && o.Now.Sub(a.Since()) >= time.Duration(t.Wait) {
-			return Decision{Action: NextTier, Why: fmt.Sprintf("%s gave %d of %d workers in %s", t.Name(), w.Running, w.Need, time.Duration(t.Wait))}
-		}
-	}
-	if w.Pending != "" {
-		why += "; " + firstLine(w.Pending)
-	}
-	return Decision{Action: Wait, Why: why}
-}
-
-// newEvidence is the preemption evidence the observation shows that the
-// attempt's record lacks.
-func newEvidence(a *runs.Attempt, o Observation) []string {
-	var seen []string
-	if o.Workers != nil {
-		seen = append(seen, o.Workers.Disrupted...)
-	}
-	if o.Mark != nil && o.Mark.Status == checkpoints.MarkPreempted {
-		seen = append(seen, "trainer: checkpointed on a preemption notice")
-	}
-	var out []string
-	for _, s := range seen {
-		if !slices.Contains(a.Preemptions, s) {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-// preempted reports whether the attempt was lost to preemption: evidence
-// of it recorded before, or seen now.
-func preempted(a *runs.Attempt, evidence []string) bool {
-	return len(a.Preemptions) > 0 || len(evidence) > 0
-}
-
-func withEvidence(d Decision, evidence []string) Decision {
-	d.Preempted = evidence
-	return d
 }
 
 // retryOrFail retries an attempt lost to the infrastructure when the spec

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -74,10 +75,17 @@ type attemptFiles struct {
 	exp   string
 }
 
-// check looks at one run: it observes, decides, then acts. listed holds the
-// RayJobs the sweep listed (nil: a check on one run, which fetches the run's
-// RayJob).
-func (h *Handler) check(ctx context.Context, runID string, listed map[string]*rayv1.RayJob) error {
+// listing is what a sweep lists once for all its checks: the RayJobs by
+// name, the worker pods by namespace/cluster.
+type listing struct {
+	jobs    map[string]*rayv1.RayJob
+	workers map[string][]corev1.Pod
+}
+
+// check looks at one run: it observes, decides, then acts. listed is what
+// the sweep listed (nil: a check on one run, which reads the run's RayJob
+// and worker pods).
+func (h *Handler) check(ctx context.Context, runID string, listed *listing) error {
 	rec, err := h.Deps.GetRun(ctx, runID)
 	if err != nil {
 		return err
@@ -95,7 +103,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 		} else if err != nil {
 			return err
 		}
-		if o.Workers, err = h.workers(ctx, rec); err != nil {
+		if o.Workers, err = h.workers(ctx, rec, listed); err != nil {
 			return err
 		}
 	}
@@ -107,10 +115,10 @@ func (h *Handler) check(ctx context.Context, runID string, listed map[string]*ra
 }
 
 // job is the run's current RayJob: from the sweep's listing, or read.
-func (h *Handler) job(ctx context.Context, rec *runs.Record, listed map[string]*rayv1.RayJob) (*rayv1.RayJob, error) {
+func (h *Handler) job(ctx context.Context, rec *runs.Record, listed *listing) (*rayv1.RayJob, error) {
 	name := names.RayJob(rec.RunID, rec.Attempt)
 	if listed != nil {
-		return listed[name], nil
+		return listed.jobs[name], nil
 	}
 	job, err := h.Deps.Ray.RayV1().RayJobs(rec.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -162,53 +170,6 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		return h.retry(ctx, rec, d.Why, files)
 	}
 	return pipeline.Permanent(fmt.Errorf("run %s: decision %q has no action", rec.RunID, d.Action))
-}
-
-// progress records that the attempt runs, with its latest step, epoch and
-// loss, and announces the running phase once.
-func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles) error {
-	p := h.latest(ctx, rec, files)
-	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
-		return nil // nothing new since the record was read: no second read, no write
-	}
-	// The move to RUNNING and the claim of its event are one write.
-	attempt := rec.Attempt
-	_, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
-		if r.Attempt != attempt {
-			return runs.ErrNoChange
-		}
-		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
-		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
-			return runs.ErrNoChange
-		}
-		if newer(p, r.Progress) {
-			r.Progress = p
-		}
-		return nil
-	})
-	return err
-}
-
-// latest is the attempt's progress as its last metrics tell (or nil).
-func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) *runs.Progress {
-	res, err := checkpoints.Discover(ctx, files.store, files.exp)
-	if err != nil || res.LastMetrics == nil {
-		return nil
-	}
-	m := res.LastMetrics
-	p := &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
-	if l, ok := m["loss"]; ok {
-		p.Loss = &l
-	}
-	if max := rec.Spec.Training.MaxSteps; max > 0 {
-		p.TotalSteps = int64(max)
-	}
-	return p
-}
-
-// newer reports whether p tells more than the recorded progress.
-func newer(p, recorded *runs.Progress) bool {
-	return p != nil && (recorded == nil || recorded.Step != p.Step || recorded.Epoch != p.Epoch)
 }
 
 // retry starts the next attempt, resuming from the newest complete

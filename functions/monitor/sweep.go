@@ -20,7 +20,7 @@ import (
 const sweepWorkers = 32
 
 // Sweep is a tick's work: it checks every active (or ended but
-// unannounced) run against one LIST of RayJobs, which also re-admits
+// unannounced) run against one LIST of RayJobs and one of worker pods, which also re-admits
 // waiting runs and resends stalled steps, then scales down clusters that
 // have workers and no active run, and publishes the events the message
 // bus still owes.
@@ -30,6 +30,10 @@ func (h *Handler) Sweep(ctx context.Context) error {
 		return err
 	}
 	jobs, err := h.listJobs(ctx)
+	if err != nil {
+		return err
+	}
+	workers, err := h.listWorkers(ctx)
 	if err != nil {
 		return err
 	}
@@ -62,7 +66,7 @@ func (h *Handler) Sweep(ctx context.Context) error {
 			todo = append(todo, ids...)
 		}
 	}
-	errs = append(errs, h.checkAll(ctx, todo, jobs)...)
+	errs = append(errs, h.checkAll(ctx, todo, &listing{jobs: jobs, workers: workers})...)
 	errs = append(errs, h.releaseOrphans(ctx, known, queued)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {
@@ -118,14 +122,14 @@ func (h *Handler) listClusters(ctx context.Context) ([]rayv1.RayCluster, error) 
 // checkAll checks runs side by side (each check is a few Cloud Storage
 // reads: one after another, a thousand active runs would take minutes at
 // cloud latencies) and returns the checks' errors, each logged.
-func (h *Handler) checkAll(ctx context.Context, runIDs []string, jobs map[string]*rayv1.RayJob) []error {
+func (h *Handler) checkAll(ctx context.Context, runIDs []string, listed *listing) []error {
 	var mu sync.Mutex
 	var errs []error
 	g := errgroup.Group{}
 	g.SetLimit(sweepWorkers)
 	for _, runID := range runIDs {
 		g.Go(func() error {
-			if err := h.check(ctx, runID, jobs); err != nil {
+			if err := h.check(ctx, runID, listed); err != nil {
 				h.Deps.Log.Warn("sweep_check_failed", "run_id", runID, "error", err.Error(), "permanent", pipeline.IsPermanent(err))
 				mu.Lock()
 				errs = append(errs, err)

@@ -82,13 +82,17 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 	}))
 }
 
-// WorkerPods lists the worker pods of a RayCluster: KubeRay labels them
+// WorkerPods lists the worker pods of a RayCluster, or of every RayCluster
+// in the namespace when cluster is "": KubeRay labels them
 // ray.io/cluster=<name> and ray.io/node-type=worker.
 func (d *Deps) WorkerPods(ctx context.Context, namespace, cluster string) ([]corev1.Pod, error) {
-	sel := labels.Set{names.LabelRayCluster: cluster, names.LabelRayNodeType: string(rayv1.WorkerNode)}
+	sel := labels.Set{names.LabelRayNodeType: string(rayv1.WorkerNode)}
+	if cluster != "" {
+		sel[names.LabelRayCluster] = cluster
+	}
 	list, err := d.Kube.Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
-		return nil, kubeErr("list worker pods of raycluster "+namespace+"/"+cluster, err)
+		return nil, kubeErr("list worker pods in "+namespace+" ("+sel.String()+")", err)
 	}
 	return list.Items, nil
 }

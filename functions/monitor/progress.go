@@ -1,0 +1,55 @@
+package monitor
+
+import (
+	"context"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// progress records that the attempt runs, with its latest step, epoch and
+// loss, and announces the running phase once.
+func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles) error {
+	p := h.latest(ctx, rec, files)
+	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
+		return nil // nothing new since the record was read: no second read, no write
+	}
+	// The move to RUNNING and the claim of its event are one write.
+	attempt := rec.Attempt
+	_, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
+		if r.Attempt != attempt {
+			return runs.ErrNoChange
+		}
+		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
+		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
+			return runs.ErrNoChange
+		}
+		if newer(p, r.Progress) {
+			r.Progress = p
+		}
+		return nil
+	})
+	return err
+}
+
+// latest is the attempt's progress as its last metrics tell (or nil).
+func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) *runs.Progress {
+	res, err := checkpoints.Discover(ctx, files.store, files.exp)
+	if err != nil || res.LastMetrics == nil {
+		return nil
+	}
+	m := res.LastMetrics
+	p := &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
+	if l, ok := m["loss"]; ok {
+		p.Loss = &l
+	}
+	if max := rec.Spec.Training.MaxSteps; max > 0 {
+		p.TotalSteps = int64(max)
+	}
+	return p
+}
+
+// newer reports whether p tells more than the recorded progress.
+func newer(p, recorded *runs.Progress) bool {
+	return p != nil && (recorded == nil || recorded.Step != p.Step || recorded.Epoch != p.Epoch)
+}

@@ -1,0 +1,130 @@
+package monitor
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// workers observes the worker pods of the run's cluster: how many run, why
+// one is pending, and which Kubernetes marked as disrupted.
+func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing) (*Workers, error) {
+	var pods []corev1.Pod
+	if listed != nil {
+		pods = listed.workers[rec.Namespace+"/"+rec.Cluster]
+	} else {
+		var err error
+		if pods, err = h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster); err != nil {
+			return nil, err
+		}
+	}
+	s := rec.Spec
+	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs}
+	for _, p := range pods {
+		if why := disruption(&p); why != "" {
+			w.Disrupted = append(w.Disrupted, p.Name+": "+why)
+			continue
+		}
+		switch {
+		case p.DeletionTimestamp != nil:
+		case p.Status.Phase == corev1.PodRunning:
+			w.Running++
+		case p.Status.Phase == corev1.PodPending && w.Pending == "":
+			w.Pending = p.Name + " pending"
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+					w.Pending = p.Name + ": " + c.Message
+				}
+			}
+		}
+	}
+	return w, nil
+}
+
+// listWorkers lists the worker pods of every RayCluster in the namespaces
+// runs may use, by namespace/cluster: one LIST a namespace a sweep.
+func (h *Handler) listWorkers(ctx context.Context) (map[string][]corev1.Pod, error) {
+	out := map[string][]corev1.Pod{}
+	for _, ns := range h.Deps.Config.Namespaces {
+		pods, err := h.Deps.WorkerPods(ctx, ns, "")
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range pods {
+			key := ns + "/" + p.Labels[names.LabelRayCluster]
+			out[key] = append(out[key], p)
+		}
+	}
+	return out, nil
+}
+
+// notePreemptions records evidence of preemption the attempt lacked.
+func (h *Handler) notePreemptions(ctx context.Context, rec *runs.Record, seen []string) error {
+	if len(seen) == 0 {
+		return nil
+	}
+	attempt := rec.Attempt
+	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		if !r.NotePreemptions(attempt, seen) {
+			return runs.ErrNoChange
+		}
+		return nil
+	})
+	if err == nil {
+		h.Deps.Log.Warn("preemption_seen", "run_id", rec.RunID, "attempt", attempt, "evidence", seen)
+	}
+	return err
+}
+
+// noteWaiting records why the attempt waits for capacity, when that
+// changed: watch and status show it.
+func (h *Handler) noteWaiting(ctx context.Context, rec *runs.Record, why string) error {
+	if a := rec.CurrentAttempt(); why == "" || a == nil || a.Waiting == why {
+		return nil
+	}
+	attempt := rec.Attempt
+	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		if !r.NoteWaiting(attempt, why) {
+			return runs.ErrNoChange
+		}
+		return nil
+	})
+	return err
+}
+
+// nextTier moves the attempt's pending workers to the next capacity tier:
+// the worker group's placement changes, KubeRay replaces the pending pods,
+// and the record says from when.
+func (h *Handler) nextTier(ctx context.Context, rec *runs.Record, why string) error {
+	a := rec.CurrentAttempt()
+	tier := a.Tier + 1
+	code, err := manifests.TrainerCode()
+	if err != nil {
+		return err
+	}
+	pods, err := h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster)
+	if err != nil {
+		return err
+	}
+	var pending []string
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodPending && p.DeletionTimestamp == nil {
+			pending = append(pending, p.Name)
+		}
+	}
+	if err := h.Deps.PlaceWorkers(ctx, manifests.RayCluster(rec.Spec, code, tier), pending); err != nil {
+		return err
+	}
+	attempt := rec.Attempt
+	_, err = h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+		return r.MoveTier(attempt, tier, why, h.Deps.Time())
+	})
+	if err == nil {
+		h.Deps.Log.Warn("capacity_tier_moved", "run_id", rec.RunID, "attempt", attempt, "tier", tier+1, "capacity", rec.Spec.Tiers()[tier].Name(), "why", why, "pending_pods", pending)
+	}
+	return err
+}
