@@ -15,6 +15,12 @@ import (
 type Workers struct {
 	Need    int // worker pods the attempt needs running
 	Running int // worker pods running and not being deleted
+	// ServedOn is the highest capacity tier (an index into the spec's
+	// Tiers) a running worker's node selector asks for, -1 when none
+	// matches a tier: pods that started on an earlier tier keep running
+	// when the worker group moves on, so a retry or the next run may start
+	// on nodes of any tier.
+	ServedOn int
 	// Pending is why a pending worker pod waits (the scheduler's
 	// PodScheduled message), "" when none does.
 	Pending string

@@ -61,6 +61,9 @@ type Decision struct {
 	Ending    runs.Ending
 	DeleteJob bool
 	Why       string // Retry, NextTier; Wait: why the workers wait for capacity
+	// ServedOn, for a Progress that starts the attempt running, is the
+	// capacity tier its workers run on (-1: as recorded).
+	ServedOn int
 	// Preempted is evidence of preemption the attempt's record lacks,
 	// recorded before the action; a Retry with any (or with evidence
 	// already recorded) counts against limits.preemptions.
@@ -171,7 +174,11 @@ func decideJob(o Observation) (Decision, error) {
 		return withEvidence(capacity(o, a), evidence), nil
 	}
 	if st.JobStatus == rayv1.JobStatusRunning {
-		return withEvidence(Decision{Action: Progress}, evidence), nil
+		d := Decision{Action: Progress, ServedOn: -1}
+		if a.RunningAt == nil && o.Workers != nil {
+			d.ServedOn = o.Workers.ServedOn
+		}
+		return withEvidence(d, evidence), nil
 	}
 	return withEvidence(Decision{Action: Wait}, evidence), nil
 }

@@ -198,6 +198,16 @@ func TestDecideCapacity(t *testing.T) {
 			t.Errorf("%s: %+v %v, want %s %q why ~%q", c.name, d, err, c.action, c.reason, c.why)
 		}
 	}
+	// The tier the running workers' nodes are on is the one that served
+	// the attempt, whatever tier it waited on last.
+	d, _ := Decide(Observation{Run: tiered(runs.Submitted, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2}, Now: soon})
+	if d.Action != Progress || d.ServedOn != 2 {
+		t.Errorf("workers running on tier 3: %+v, want progress served on tier index 2", d)
+	}
+	d, _ = Decide(Observation{Run: tiered(runs.Running, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2}, Now: soon})
+	if d.ServedOn != -1 {
+		t.Errorf("a running attempt's tier changed: %+v", d)
+	}
 }
 
 // TestDecidePreemption: an attempt lost with evidence of preemption is

@@ -152,7 +152,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		}
 		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, d.Ending, nil)
 	case Progress:
-		return h.progress(ctx, rec, files)
+		return h.progress(ctx, rec, files, d.ServedOn)
 	case Succeed:
 		// A job so short that no check saw it running is recorded as having
 		// run, in the same write: subscribers get running before succeeded.

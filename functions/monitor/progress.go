@@ -7,9 +7,10 @@ import (
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// progress records that the attempt runs, with its latest step, epoch and
-// loss, and announces the running phase once.
-func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles) error {
+// progress records that the attempt runs (on capacity tier servedOn, when
+// not -1), with its latest step, epoch and loss, and announces the running
+// phase once.
+func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles, servedOn int) error {
 	p := h.latest(ctx, rec, files)
 	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
 		return nil // nothing new since the record was read: no second read, no write
@@ -19,6 +20,9 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 	_, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
 		if r.Attempt != attempt {
 			return runs.ErrNoChange
+		}
+		if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil && servedOn >= 0 {
+			a.Tier = servedOn
 		}
 		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
 		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {

@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -23,7 +24,11 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		}
 	}
 	s := rec.Spec
-	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs}
+	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs, ServedOn: -1}
+	placements := make([]map[string]string, len(s.Tiers()))
+	for i := range placements {
+		placements[i], _ = manifests.WorkerPlacement(s, i)
+	}
 	for _, p := range pods {
 		if why := disruption(&p); why != "" {
 			w.Disrupted = append(w.Disrupted, p.Name+": "+why)
@@ -33,6 +38,11 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		case p.DeletionTimestamp != nil:
 		case p.Status.Phase == corev1.PodRunning:
 			w.Running++
+			for i, sel := range placements {
+				if maps.Equal(sel, p.Spec.NodeSelector) {
+					w.ServedOn = max(w.ServedOn, i)
+				}
+			}
 		case p.Status.Phase == corev1.PodPending && w.Pending == "":
 			w.Pending = p.Name + " pending"
 			for _, c := range p.Status.Conditions {

@@ -61,7 +61,9 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 		if err != nil {
 			return err
 		}
-		changed := false
+		// The attempt's first capacity tier, for the pods KubeRay creates
+		// from now on (running ones stay on their nodes).
+		changed := place(cur, want, nil)
 		for i := range cur.Spec.WorkerGroupSpecs {
 			g := &cur.Spec.WorkerGroupSpecs[i]
 			for _, w := range want.Spec.WorkerGroupSpecs {
@@ -130,7 +132,9 @@ func place(cur, want *rayv1.RayCluster, pending []string) bool {
 				continue
 			}
 			ps.NodeSelector, ps.Tolerations = ws.NodeSelector, ws.Tolerations
-			g.ScaleStrategy.WorkersToDelete = append(g.ScaleStrategy.WorkersToDelete, pending...)
+			if len(pending) > 0 {
+				g.ScaleStrategy.WorkersToDelete = append(g.ScaleStrategy.WorkersToDelete, pending...)
+			}
 			changed = true
 		}
 	}
