@@ -77,15 +77,9 @@ func (h *Handler) notePreemptions(ctx context.Context, rec *runs.Record, seen []
 	if len(seen) == 0 {
 		return nil
 	}
-	attempt := rec.Attempt
-	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if !r.NotePreemptions(attempt, seen) {
-			return runs.ErrNoChange
-		}
-		return nil
-	})
+	err := h.note(ctx, rec.RunID, func(r *runs.Record) bool { return r.NotePreemptions(rec.Attempt, seen) })
 	if err == nil {
-		h.Deps.Log.Warn("preemption_seen", "run_id", rec.RunID, "attempt", attempt, "evidence", seen)
+		h.Deps.Log.Warn("preemption_seen", "run_id", rec.RunID, "attempt", rec.Attempt, "evidence", seen)
 	}
 	return err
 }
@@ -96,9 +90,14 @@ func (h *Handler) noteWaiting(ctx context.Context, rec *runs.Record, why string)
 	if a := rec.CurrentAttempt(); why == "" || a == nil || a.Waiting == why {
 		return nil
 	}
-	attempt := rec.Attempt
-	_, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
-		if !r.NoteWaiting(attempt, why) {
+	return h.note(ctx, rec.RunID, func(r *runs.Record) bool { return r.NoteWaiting(rec.Attempt, why) })
+}
+
+// note writes what changed reports it changed in the run's record; nothing
+// when it reports no change.
+func (h *Handler) note(ctx context.Context, runID string, changed func(*runs.Record) bool) error {
+	_, err := h.Deps.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		if !changed(r) {
 			return runs.ErrNoChange
 		}
 		return nil

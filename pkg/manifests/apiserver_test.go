@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/kubetest"
 	"github.com/raydrop/raydrop/pkg/manifests"
-	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // TestServerSideDryRun sends the rendered YAML of the example, exactly as
@@ -95,14 +93,7 @@ func TestServerSideDryRun(t *testing.T) {
 		}
 	}
 	// Every capacity tier's RayCluster: its node selector and tolerations.
-	tiered, err := os.ReadFile("../spec/testdata/good/capacity-tiers.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, err := spec.Parse(tiered)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts := tieredSpec(t)
 	for i, tier := range ts.Tiers() {
 		out, err := manifests.YAML([]runtime.Object{manifests.RayCluster(ts, code, i)})
 		if err != nil {

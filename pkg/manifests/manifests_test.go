@@ -32,7 +32,19 @@ var fixedCode = manifests.Code{
 
 func exampleSpec(t testing.TB) *spec.JobSpec {
 	t.Helper()
-	data, err := os.ReadFile("../../examples/gemma3-vision.json")
+	return specFile(t, "../../examples/gemma3-vision.json")
+}
+
+// tieredSpec is a spec on four capacity tiers: two reservations,
+// flex-start and Spot.
+func tieredSpec(t testing.TB) *spec.JobSpec {
+	t.Helper()
+	return specFile(t, "../spec/testdata/good/capacity-tiers.json")
+}
+
+func specFile(t testing.TB, path string) *spec.JobSpec {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,14 +431,7 @@ func TestNoticeFileIsTheTrainers(t *testing.T) {
 // TestWorkerPlacement checks the node selector and tolerations of each
 // capacity tier, and that a tier past the last stays on the last.
 func TestWorkerPlacement(t *testing.T) {
-	data, err := os.ReadFile("../spec/testdata/good/capacity-tiers.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := spec.Parse(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := tieredSpec(t)
 	base := map[string]string{names.NodeAccelerator: "nvidia-b200", "cloud.google.com/gke-gpu-driver-version": "latest"}
 	with := func(kv ...string) map[string]string {
 		m := maps.Clone(base)
