@@ -80,8 +80,8 @@ func withEvidence(d Decision, evidence []string) Decision {
 	return d
 }
 
-// disruption is why Kubernetes took the pod's node away, "" when it did
-// not: the DisruptionTarget condition it sets before a pod is deleted or
+// disruption is why Kubernetes took the pod's node away, and when when it
+// says, "" when it did not: the DisruptionTarget condition it sets before a pod is deleted or
 // terminated for a reason outside the pod
 // (https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions:
 // TerminationByKubelet for a graceful node shutdown, which is how GKE
@@ -90,14 +90,14 @@ func withEvidence(d Decision, evidence []string) Decision {
 // the Failed phase with reason Terminated or NodeShutdown the kubelet gives
 // pods on a node shutting down
 // (https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/).
-func disruption(p *corev1.Pod) string {
+func disruption(p *corev1.Pod) (reason string, at time.Time) {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-			return c.Reason
+			return c.Reason, c.LastTransitionTime.Time
 		}
 	}
 	if p.Status.Phase == corev1.PodFailed && (p.Status.Reason == "Terminated" || p.Status.Reason == "NodeShutdown") {
-		return p.Status.Reason
+		return p.Status.Reason, time.Time{}
 	}
-	return ""
+	return "", time.Time{}
 }

@@ -27,7 +27,7 @@ func TestDisruption(t *testing.T) {
 		{"pending", corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{cond(corev1.PodScheduled, corev1.ConditionFalse, "Unschedulable")}}, ""},
 	}
 	for _, c := range cases {
-		if got := disruption(&corev1.Pod{Status: c.st}); got != c.want {
+		if got, _ := disruption(&corev1.Pod{Status: c.st}); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
 	}

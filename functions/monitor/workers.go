@@ -30,8 +30,12 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		placements[i], _ = manifests.WorkerPlacement(s, i)
 	}
 	for _, p := range pods {
-		if why := disruption(&p); why != "" {
-			w.Disrupted = append(w.Disrupted, p.Name+": "+why)
+		if why, at := disruption(&p); why != "" {
+			// A pod an earlier attempt lost may linger until KubeRay
+			// deletes it: it says nothing of this attempt.
+			if a := rec.CurrentAttempt(); a == nil || at.IsZero() || !at.Before(a.CreatedAt) {
+				w.Disrupted = append(w.Disrupted, p.Name+": "+why)
+			}
 			continue
 		}
 		switch {

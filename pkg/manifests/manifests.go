@@ -211,9 +211,6 @@ func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Tol
 		"cloud.google.com/gke-gpu-driver-version": w.GPUDriverVersion,
 	}
 	tiers := s.Tiers()
-	if len(tiers) == 0 {
-		return sel, nil
-	}
 	t := tiers[min(max(tier, 0), len(tiers)-1)]
 	switch t.Type {
 	case spec.TierReservation:

@@ -437,10 +437,8 @@ func GPUCost(r *runs.Record, end time.Time, price float64) (hours, usd float64) 
 			continue
 		}
 		p := price
-		if len(tiers) > 0 {
-			if t := tiers[min(a.Tier, len(tiers)-1)]; t.GPUHourUSD > 0 {
-				p = t.GPUHourUSD
-			}
+		if t := tiers[min(a.Tier, len(tiers)-1)]; t.GPUHourUSD > 0 {
+			p = t.GPUHourUSD
 		}
 		hours += d.Hours() * gpus
 		usd += d.Hours() * gpus * p

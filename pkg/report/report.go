@@ -111,7 +111,7 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 // tierText is the capacity tier an attempt was on ("spot, tier 2 of 3"),
 // with the preemptions that ended it.
 func tierText(r *runs.Record, a runs.Attempt) string {
-	if r.Spec == nil || len(r.Spec.Cluster.Capacity) == 0 {
+	if r.Spec == nil {
 		return "–"
 	}
 	tiers := r.Spec.Tiers()

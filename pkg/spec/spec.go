@@ -254,10 +254,16 @@ func Defaults() JobSpec {
 }
 
 // Tiers is the capacity tiers with every reservation tier's reservation
-// filled in from cluster.reservation where it names none.
+// filled in from cluster.reservation where it names none. A spec without
+// tiers (one recorded before cluster.capacity existed) has the default
+// one, cluster.reservation, so it is never empty.
 func (s *JobSpec) Tiers() []Tier {
-	out := make([]Tier, len(s.Cluster.Capacity))
-	for i, t := range s.Cluster.Capacity {
+	tiers := s.Cluster.Capacity
+	if len(tiers) == 0 {
+		tiers = []Tier{{Type: TierReservation}}
+	}
+	out := make([]Tier, len(tiers))
+	for i, t := range tiers {
 		if t.Type == TierReservation && t.Reservation == "" {
 			t.Reservation = s.Cluster.Reservation
 		}

@@ -311,3 +311,20 @@ func TestTutorialSpec(t *testing.T) {
 		t.Errorf("tutorial spec %v, want %v", got, want)
 	}
 }
+
+// TestTiers: a reservation tier without a name takes cluster.reservation,
+// and a spec recorded before cluster.capacity existed has the one default
+// tier.
+func TestTiers(t *testing.T) {
+	s := spec.Defaults()
+	s.Cluster.Reservation = "b200"
+	s.Cluster.Capacity = []spec.Tier{{Type: spec.TierReservation, Wait: spec.Duration(time.Minute)}, {Type: spec.TierReservation, Reservation: "other"}}
+	got := s.Tiers()
+	if len(got) != 2 || got[0].Name() != "reservation b200" || got[1].Name() != "reservation other" || s.Cluster.Capacity[0].Reservation != "" {
+		t.Errorf("tiers %+v (spec's own %+v)", got, s.Cluster.Capacity)
+	}
+	s.Cluster.Capacity = nil
+	if got := s.Tiers(); len(got) != 1 || got[0].Name() != "reservation b200" {
+		t.Errorf("a spec without capacity has tiers %+v, want the reservation", got)
+	}
+}
