@@ -66,6 +66,14 @@ func TestRender(t *testing.T) {
 	}
 }
 
+// TestRenderTier: --tier renders the worker group on that capacity tier.
+func TestRenderTier(t *testing.T) {
+	code, out, stderr := run("render", "../spec/testdata/good/capacity-tiers.json", "--tier", "4")
+	if code != 0 || !strings.Contains(out, "cloud.google.com/gke-spot: \"true\"") || strings.Contains(out, "reservation-name") {
+		t.Errorf("render --tier 4: exit %d, stderr %q; want the Spot tier's node selector\n%s", code, stderr, out)
+	}
+}
+
 func TestRenderErrors(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -74,7 +82,8 @@ func TestRenderErrors(t *testing.T) {
 	}{
 		{[]string{"render"}, 2, "give exactly one spec file"},
 		{[]string{"render", "../../examples/gemma3-vision.json", "--run-id", "Bad ID"}, 2, "run id \"Bad ID\" is not a run id"},
-		{[]string{"render", "../../examples/gemma3-vision.json", "--attempt", "9"}, 2, "--attempt 9 is out of range"},
+		{[]string{"render", "../../examples/gemma3-vision.json", "--attempt", "13"}, 2, "--attempt 13 is out of range (allowed: 1 to 12, limits.retries + limits.preemptions + 1)"},
+		{[]string{"render", "../../examples/gemma3-vision.json", "--tier", "2"}, 2, "--tier 2 is out of range (allowed: 1 to 1, the tiers of cluster.capacity)"},
 		{[]string{"render", "../../examples/gemma3-vision.json", "--resume-from", "gs://b/x;rm -rf /"}, 2, "is not a gs:// checkpoint URI"},
 		{[]string{"render", "../spec/testdata/bad/out-of-range.json"}, 1, "lora.r: 100000 is out of range"},
 		{[]string{"render", "missing.json"}, 1, "no such file"},

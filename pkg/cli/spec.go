@@ -82,6 +82,7 @@ func runRender(_ context.Context, e *env, args []string) int {
 	runID := fs.String("run-id", "", "run ID to render for (default: the spec's runId, else derived from the file's name and content)")
 	attempt := fs.Int("attempt", 1, "attempt number (1-based)")
 	resume := fs.String("resume-from", "", "checkpoint URI the attempt resumes from")
+	tier := fs.Int("tier", 1, "capacity tier the workers are asked on (1-based, in cluster.capacity's order)")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code
@@ -102,8 +103,12 @@ func runRender(_ context.Context, e *env, args []string) int {
 	default:
 		id = names.RunIDFromFile(pos[0], data)
 	}
-	if *attempt < 1 || *attempt > s.Limits.Retries+1 {
-		fmt.Fprintf(e.stderr, "raydrop render: --attempt %d is out of range (allowed: 1 to %d, limits.retries + 1)\n", *attempt, s.Limits.Retries+1)
+	if most := s.Limits.Retries + s.Limits.Preemptions + 1; *attempt < 1 || *attempt > most {
+		fmt.Fprintf(e.stderr, "raydrop render: --attempt %d is out of range (allowed: 1 to %d, limits.retries + limits.preemptions + 1)\n", *attempt, most)
+		return ExitUsage
+	}
+	if n := len(s.Tiers()); *tier < 1 || *tier > n {
+		fmt.Fprintf(e.stderr, "raydrop render: --tier %d is out of range (allowed: 1 to %d, the tiers of cluster.capacity)\n", *tier, n)
 		return ExitUsage
 	}
 	code2, err := manifests.TrainerCode()
@@ -111,7 +116,7 @@ func runRender(_ context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "raydrop render: %v\n", err)
 		return ExitFailure
 	}
-	run := manifests.Run{ID: id, Attempt: *attempt, ResumeFrom: *resume, Source: "file:" + filepath.Base(pos[0]), SpecHash: s.Hash()}
+	run := manifests.Run{ID: id, Attempt: *attempt, ResumeFrom: *resume, Source: "file:" + filepath.Base(pos[0]), SpecHash: s.Hash(), Tier: *tier - 1}
 	if err := run.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "raydrop render: %v\n", err)
 		return ExitUsage

@@ -44,6 +44,7 @@ type Run struct {
 	ResumeFrom string // checkpoint URI to resume from, or ""
 	Source     string // where the spec came from, e.g. gs://bucket/jobs/x.json#123
 	SpecHash   string
+	Tier       int // the capacity tier the workers are asked on (an index into the spec's Tiers)
 }
 
 // checkpointURIRE allows the checkpoint URIs Ray Train writes, and nothing a

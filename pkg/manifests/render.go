@@ -15,7 +15,7 @@ import (
 func Objects(s *spec.JobSpec, run Run, code Code) []runtime.Object {
 	return []runtime.Object{
 		TrainerConfigMap(s, code),
-		RayCluster(s, code, 0),
+		RayCluster(s, code, run.Tier),
 		RayJob(s, run),
 	}
 }
