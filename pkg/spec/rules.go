@@ -332,6 +332,10 @@ func (s *JobSpec) crossChecks() Problems {
 // of: A4's B200s come from a reservation, flex-start or Spot VMs only.
 var noOnDemand = map[string]bool{"nvidia-b200": true}
 
+// noFlexStart are the accelerators of the machine types flex-start does
+// not serve: A4X (GB200) and G4 (RTX PRO 6000).
+var noFlexStart = map[string]bool{"nvidia-gb200": true, "nvidia-rtx-pro-6000": true}
+
 // capacityChecks are the rules of cluster.capacity: what GKE allows in a
 // tier, and an order in which every tier gets its turn.
 func (s *JobSpec) capacityChecks() Problems {
@@ -356,6 +360,12 @@ func (s *JobSpec) capacityChecks() Problems {
 			// VMs, or create a resize request in a MIG."
 			// (https://cloud.google.com/compute/docs/accelerator-optimized-machines)
 			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("onDemand is not offered for %s GPUs (allowed: reservation, flexStart, spot)", s.Cluster.Workers.Accelerator)})
+		}
+		if t.Type == TierFlexStart && noFlexStart[s.Cluster.Workers.Accelerator] {
+			// "Flex-start VMs support all accelerator-optimized machine
+			// types (except A4X and G4)"
+			// (https://cloud.google.com/compute/docs/instances/about-flex-start-vms)
+			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("flexStart is not offered for %s GPUs (allowed: reservation, spot, onDemand)", s.Cluster.Workers.Accelerator)})
 		}
 		key := t.Type
 		if t.Type == TierReservation {

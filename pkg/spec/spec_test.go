@@ -254,7 +254,7 @@ func TestSchemaAgreesWithValidator(t *testing.T) {
 		"bucket-google.json": true, "bucket-ip.json": true, "start-deadline-after-deadline.json": true,
 		"replicas-inconsistent.json": true, "too-many-workers.json": true, "hf-token-in-spec.json": true,
 		"duplicate-keys.json": true, "hf-repo-double-dash.json": true, "bad-durations.json": true,
-		"bad-images.json": true, "bad-quantities.json": true, "capacity-tiers.json": true,
+		"bad-images.json": true, "bad-quantities.json": true, "capacity-tiers.json": true, "capacity-flex-start-gb200.json": true,
 	}
 	bad, _ := filepath.Glob("testdata/bad/*.json")
 	for _, f := range bad {
