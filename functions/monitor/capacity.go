@@ -22,8 +22,10 @@ type Workers struct {
 	// on nodes of any tier.
 	ServedOn int
 	// Pending is why a pending worker pod waits (the scheduler's
-	// PodScheduled message), "" when none does.
-	Pending string
+	// PodScheduled message), "" when none does; PendingPods names every
+	// pending one.
+	Pending     string
+	PendingPods []string
 	// Disrupted is every worker pod Kubernetes marked as disrupted (the
 	// DisruptionTarget condition) or that a node shutdown terminated, as
 	// "pod: reason".
@@ -41,7 +43,7 @@ func capacity(o Observation, a *runs.Attempt) Decision {
 		t := tiers[a.Tier]
 		why = fmt.Sprintf("waiting for capacity on tier %d (%s): %d of %d workers running", a.Tier+1, t.Name(), w.Running, w.Need)
 		if a.Tier+1 < len(tiers) && o.Now.Sub(a.Since()) >= time.Duration(t.Wait) {
-			return Decision{Action: NextTier, Why: fmt.Sprintf("%s gave %d of %d workers in %s", t.Name(), w.Running, w.Need, time.Duration(t.Wait))}
+			return Decision{Action: NextTier, Pending: w.PendingPods, Why: fmt.Sprintf("%s gave %d of %d workers in %s", t.Name(), w.Running, w.Need, time.Duration(t.Wait))}
 		}
 	}
 	if w.Pending != "" {

@@ -61,6 +61,8 @@ type Decision struct {
 	Ending    runs.Ending
 	DeleteJob bool
 	Why       string // Retry, NextTier; Wait: why the workers wait for capacity
+	// Pending is the pending worker pods a NextTier replaces.
+	Pending []string
 	// ServedOn, for a Progress that starts the attempt running, is the
 	// capacity tier its workers run on (-1: as recorded).
 	ServedOn int

@@ -139,7 +139,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 	case Wait:
 		return h.noteWaiting(ctx, rec, d.Why)
 	case NextTier:
-		return h.nextTier(ctx, rec, d.Why)
+		return h.nextTier(ctx, rec, d.Why, d.Pending)
 	case Readmit:
 		return h.readmit(ctx, rec)
 	case Resend:

@@ -47,7 +47,11 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 					w.ServedOn = max(w.ServedOn, i)
 				}
 			}
-		case p.Status.Phase == corev1.PodPending && w.Pending == "":
+		case p.Status.Phase == corev1.PodPending:
+			w.PendingPods = append(w.PendingPods, p.Name)
+			if w.Pending != "" {
+				continue
+			}
 			w.Pending = p.Name + " pending"
 			for _, c := range p.Status.Conditions {
 				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
@@ -110,24 +114,13 @@ func (h *Handler) note(ctx context.Context, runID string, changed func(*runs.Rec
 }
 
 // nextTier moves the attempt's pending workers to the next capacity tier:
-// the worker group's placement changes, KubeRay replaces the pending pods,
-// and the record says from when.
-func (h *Handler) nextTier(ctx context.Context, rec *runs.Record, why string) error {
-	a := rec.CurrentAttempt()
-	tier := a.Tier + 1
+// the worker group's placement changes, KubeRay replaces the pending pods
+// the check saw, and the record says from when.
+func (h *Handler) nextTier(ctx context.Context, rec *runs.Record, why string, pending []string) error {
+	tier := rec.CurrentAttempt().Tier + 1
 	code, err := manifests.TrainerCode()
 	if err != nil {
 		return err
-	}
-	pods, err := h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster)
-	if err != nil {
-		return err
-	}
-	var pending []string
-	for _, p := range pods {
-		if p.Status.Phase == corev1.PodPending && p.DeletionTimestamp == nil {
-			pending = append(pending, p.Name)
-		}
 	}
 	if err := h.Deps.PlaceWorkers(ctx, manifests.RayCluster(rec.Spec, code, tier), pending); err != nil {
 		return err

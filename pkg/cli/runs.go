@@ -330,7 +330,7 @@ func capacityText(r *runs.Record) string {
 	if len(tiers) < 2 && preempted == 0 {
 		return ""
 	}
-	t := tiers[min(a.Tier, len(tiers)-1)]
+	t := r.Spec.Tier(a.Tier)
 	s := fmt.Sprintf("tier %d of %d (%s) since %s", a.Tier+1, len(tiers), t.Name(), a.Since().Local().Format(time.TimeOnly))
 	switch preempted {
 	case 0:

@@ -211,9 +211,7 @@ func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Tol
 		names.NodeAccelerator:                     w.Accelerator,
 		"cloud.google.com/gke-gpu-driver-version": w.GPUDriverVersion,
 	}
-	tiers := s.Tiers()
-	t := tiers[min(max(tier, 0), len(tiers)-1)]
-	switch t.Type {
+	switch t := s.Tier(tier); t.Type {
 	case spec.TierReservation:
 		sel[names.NodeReservation] = t.Reservation
 		sel[names.NodeReservationAffinity] = "specific"

@@ -56,11 +56,7 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 	if !apierrors.IsAlreadyExists(err) {
 		return kubeErr("create raycluster "+want.Namespace+"/"+want.Name, err)
 	}
-	return kubeErr("scale up raycluster "+want.Namespace+"/"+want.Name, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := rcs.Get(ctx, want.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	_, err = d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) bool {
 		// The attempt's first capacity tier, for the pods KubeRay creates
 		// from now on (running ones stay on their nodes).
 		changed := place(cur, want, nil)
@@ -76,12 +72,27 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 				}
 			}
 		}
-		if !changed {
+		return changed
+	})
+	return kubeErr("scale up raycluster "+want.Namespace+"/"+want.Name, err)
+}
+
+// editCluster reads the RayCluster, lets edit change it and writes it back
+// when edit reports a change, again from a fresh read on a conflict.
+func (d *Deps) editCluster(ctx context.Context, namespace, name string, edit func(*rayv1.RayCluster) bool) (changed bool, err error) {
+	rcs := d.Ray.RayV1().RayClusters(namespace)
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := rcs.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if changed = edit(cur); !changed {
 			return nil
 		}
 		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
-	}))
+	})
+	return changed, err
 }
 
 // WorkerPods lists the worker pods of a RayCluster, or of every RayCluster
@@ -106,18 +117,8 @@ func (d *Deps) WorkerPods(ctx context.Context, namespace, cluster string) ([]cor
 // new template. Pods already running stay where they are. A cluster
 // already so placed is left alone.
 func (d *Deps) PlaceWorkers(ctx context.Context, want *rayv1.RayCluster, pending []string) error {
-	rcs := d.Ray.RayV1().RayClusters(want.Namespace)
-	return kubeErr("move the workers of raycluster "+want.Namespace+"/"+want.Name, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := rcs.Get(ctx, want.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if !place(cur, want, pending) {
-			return nil
-		}
-		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
-		return err
-	}))
+	_, err := d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) bool { return place(cur, want, pending) })
+	return kubeErr("move the workers of raycluster "+want.Namespace+"/"+want.Name, err)
 }
 
 // place copies want's worker placement into cur, naming pending for
@@ -147,14 +148,9 @@ func equal(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *
 // (KubeRay would clamp replicas up to minReplicas otherwise). A cluster that
 // is gone needs nothing.
 func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) (changed bool, err error) {
-	rcs := d.Ray.RayV1().RayClusters(namespace)
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := rcs.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	changed, err = d.editCluster(ctx, namespace, name, func(cur *rayv1.RayCluster) bool {
 		zero := int32(0)
-		changed = false
+		changed := false
 		for i := range cur.Spec.WorkerGroupSpecs {
 			g := &cur.Spec.WorkerGroupSpecs[i]
 			if !equal(g.Replicas, &zero) || !equal(g.MinReplicas, &zero) {
@@ -162,11 +158,7 @@ func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) (changed
 				changed = true
 			}
 		}
-		if !changed {
-			return nil
-		}
-		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
-		return err
+		return changed
 	})
 	if apierrors.IsNotFound(err) {
 		return false, nil

@@ -388,8 +388,7 @@ func capacityOf(r *runs.Record, end time.Time) *events.Capacity {
 	if a == nil || r.Spec == nil {
 		return nil
 	}
-	tiers := r.Spec.Tiers()
-	t := tiers[min(a.Tier, len(tiers)-1)]
+	t := r.Spec.Tier(a.Tier)
 	c := &events.Capacity{Tier: t.Name(), Type: t.Type, Index: a.Tier + 1, Served: a.RunningAt != nil, Waiting: a.Waiting}
 	_, c.Preemptions = r.Lost()
 	if a.RunningAt != nil {
@@ -423,7 +422,6 @@ func GPUCost(r *runs.Record, end time.Time, price float64) (hours, usd float64) 
 		return 0, 0
 	}
 	gpus := float64(r.Spec.Training.Workers)
-	tiers := r.Spec.Tiers()
 	for _, a := range r.Attempts {
 		if a.RunningAt == nil {
 			continue
@@ -437,7 +435,7 @@ func GPUCost(r *runs.Record, end time.Time, price float64) (hours, usd float64) 
 			continue
 		}
 		p := price
-		if t := tiers[min(a.Tier, len(tiers)-1)]; t.GPUHourUSD > 0 {
+		if t := r.Spec.Tier(a.Tier); t.GPUHourUSD > 0 {
 			p = t.GPUHourUSD
 		}
 		hours += d.Hours() * gpus

@@ -115,7 +115,7 @@ func tierText(r *runs.Record, a runs.Attempt) string {
 		return "–"
 	}
 	tiers := r.Spec.Tiers()
-	s := fmt.Sprintf("%s, tier %d of %d", tiers[min(a.Tier, len(tiers)-1)].Name(), a.Tier+1, len(tiers))
+	s := fmt.Sprintf("%s, tier %d of %d", r.Spec.Tier(a.Tier).Name(), a.Tier+1, len(tiers))
 	if n := len(a.Preemptions); n > 0 {
 		s += fmt.Sprintf("; preempted (%s)", strings.Join(a.Preemptions, "; "))
 	}

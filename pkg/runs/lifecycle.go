@@ -283,11 +283,21 @@ func (r *Record) MarkRunning(attempt int, now time.Time) error {
 	return nil
 }
 
+// open is attempt when it is the current attempt and has not ended, else
+// nil.
+func (r *Record) open(attempt int) *Attempt {
+	a := r.CurrentAttempt()
+	if a == nil || r.Attempt != attempt || a.EndedAt != nil {
+		return nil
+	}
+	return a
+}
+
 // MoveTier records that attempt's workers are asked on capacity tier tier
 // from now, having waited for the last one because of why.
 func (r *Record) MoveTier(attempt, tier int, why string, now time.Time) error {
-	a := r.CurrentAttempt()
-	if a == nil || r.Attempt != attempt || a.RunningAt != nil || a.EndedAt != nil || tier != a.Tier+1 {
+	a := r.open(attempt)
+	if a == nil || a.RunningAt != nil || tier != a.Tier+1 {
 		return ErrNoChange
 	}
 	a.Tier, a.TierSince, a.Waiting = tier, &now, why
@@ -297,8 +307,8 @@ func (r *Record) MoveTier(attempt, tier int, why string, now time.Time) error {
 // NoteWaiting records why attempt's workers are pending; false when the
 // record already says so (or the attempt no longer waits).
 func (r *Record) NoteWaiting(attempt int, why string) bool {
-	a := r.CurrentAttempt()
-	if a == nil || r.Attempt != attempt || a.RunningAt != nil || a.EndedAt != nil || a.Waiting == why {
+	a := r.open(attempt)
+	if a == nil || a.RunningAt != nil || a.Waiting == why {
 		return false
 	}
 	a.Waiting = why
@@ -308,8 +318,8 @@ func (r *Record) NoteWaiting(attempt int, why string) bool {
 // NotePreemptions adds what shows attempt's nodes were reclaimed, each
 // once; false when it adds nothing.
 func (r *Record) NotePreemptions(attempt int, seen []string) bool {
-	a := r.CurrentAttempt()
-	if a == nil || r.Attempt != attempt || a.EndedAt != nil {
+	a := r.open(attempt)
+	if a == nil {
 		return false
 	}
 	added := false

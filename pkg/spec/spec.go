@@ -272,6 +272,12 @@ func (s *JobSpec) Tiers() []Tier {
 	return out
 }
 
+// Tier is tier i of Tiers; an index past the last is the last.
+func (s *JobSpec) Tier(i int) Tier {
+	tiers := s.Tiers()
+	return tiers[min(max(i, 0), len(tiers)-1)]
+}
+
 // Name is how the tier is shown: its type, and a reservation's name.
 func (t Tier) Name() string {
 	if t.Type == TierReservation && t.Reservation != "" {

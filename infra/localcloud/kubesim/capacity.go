@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -34,6 +33,10 @@ import (
 // creates the RayJob right after the cluster, and a refusal is the job's.
 const nodesFor = 10 * time.Second
 
+// awaitingJob is the refusal of a worker pod whose cluster has no RayJob
+// yet: it waits, without the autoscaler's event.
+const awaitingJob = "awaiting the cluster's RayJob"
+
 // TierOf is the capacity tier a pod's node selector asks for.
 func TierOf(sel map[string]string) string {
 	switch {
@@ -47,7 +50,8 @@ func TierOf(sel map[string]string) string {
 	return spec.TierOnDemand
 }
 
-// refusal is why a worker pod gets no node now ("" when it gets one).
+// refusal is the tier that has no node for a worker pod now, awaitingJob
+// while its cluster has no RayJob, "" when it gets one.
 func (k *kubelet) refusal(ctx context.Context, pod *corev1.Pod) string {
 	if pod.Labels[utils.RayNodeTypeLabelKey] != string(rayv1.WorkerNode) || k.sim == nil {
 		return ""
@@ -55,7 +59,7 @@ func (k *kubelet) refusal(ctx context.Context, pod *corev1.Pod) string {
 	job := k.activeJob(ctx, pod)
 	if job == nil {
 		if time.Since(pod.CreationTimestamp.Time) < nodesFor {
-			return "waiting for the cluster's RayJob"
+			return awaitingJob
 		}
 		return ""
 	}
@@ -115,7 +119,7 @@ func (k *kubelet) unschedulable(ctx context.Context, pod *corev1.Pod, tier strin
 	if err := k.Status().Update(ctx, pod); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if tier == "waiting for the cluster's RayJob" {
+	if tier == awaitingJob {
 		return nil
 	}
 	now := metav1.Now()
@@ -123,7 +127,7 @@ func (k *kubelet) unschedulable(ctx context.Context, pod *corev1.Pod, tier strin
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
 		Reason:         "FailedScaleUp",
-		Message:        fmt.Sprintf("Node scale up in zones us-central1-b associated with this pod failed: GCE out of resources (%s). Pod is at risk of not being scheduled.", strings.TrimSpace(tier)),
+		Message:        fmt.Sprintf("Node scale up in zones us-central1-b associated with this pod failed: GCE out of resources (%s). Pod is at risk of not being scheduled.", tier),
 		Source:         corev1.EventSource{Component: "cluster-autoscaler"},
 		Type:           corev1.EventTypeWarning,
 		FirstTimestamp: now, LastTimestamp: now, Count: 1,
@@ -137,14 +141,12 @@ func (k *kubelet) unschedulable(ctx context.Context, pod *corev1.Pod, tier strin
 // (https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/).
 // KubeRay then deletes the failed pod and creates another.
 func (s *Sim) preempt(ctx context.Context, ns, cluster string) (string, error) {
-	pods := &corev1.PodList{}
-	if err := s.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{
-		utils.RayClusterLabelKey: cluster, utils.RayNodeTypeLabelKey: string(rayv1.WorkerNode),
-	}); err != nil {
+	pods, err := s.clusterPods(ctx, ns, cluster, rayv1.WorkerNode)
+	if err != nil {
 		return "", err
 	}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
+	for i := range pods {
+		pod := &pods[i]
 		if pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
 			continue
 		}
@@ -165,33 +167,46 @@ func (s *Sim) preempt(ctx context.Context, ns, cluster string) (string, error) {
 // waitForWorkers blocks until every worker pod the cluster's groups ask for
 // runs, as Ray Train waits for its placement group before the first step.
 func (t *trainer) waitForWorkers(ctx context.Context) error {
-	c := t.p.d.sim.Client
-	for {
-		rc := &rayv1.RayCluster{}
-		if err := c.Get(ctx, types.NamespacedName{Namespace: t.ns, Name: t.cluster}, rc); err == nil {
-			want := 0
-			for _, g := range rc.Spec.WorkerGroupSpecs {
-				if g.Replicas != nil {
-					want += int(*g.Replicas)
-				}
-			}
-			pods := &corev1.PodList{}
-			if err := c.List(ctx, pods, client.InNamespace(t.ns), client.MatchingLabels{
-				utils.RayClusterLabelKey: t.cluster, utils.RayNodeTypeLabelKey: string(rayv1.WorkerNode),
-			}); err == nil {
-				running := 0
-				for _, p := range pods.Items {
-					if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-						running++
-					}
-				}
-				if running >= want {
-					return nil
-				}
-			}
-		}
+	for !t.workersReady(ctx) {
 		if err := t.p.sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// workersReady reports whether as many worker pods run as the cluster's
+// worker groups ask for.
+func (t *trainer) workersReady(ctx context.Context) bool {
+	s := t.p.d.sim
+	rc := &rayv1.RayCluster{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: t.ns, Name: t.cluster}, rc); err != nil {
+		return false
+	}
+	pods, err := s.clusterPods(ctx, t.ns, t.cluster, rayv1.WorkerNode)
+	if err != nil {
+		return false
+	}
+	want, running := 0, 0
+	for _, g := range rc.Spec.WorkerGroupSpecs {
+		if g.Replicas != nil {
+			want += int(*g.Replicas)
+		}
+	}
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			running++
+		}
+	}
+	return running >= want
+}
+
+// clusterPods lists the pods of a RayCluster of one node type, by the
+// labels KubeRay gives them.
+func (s *Sim) clusterPods(ctx context.Context, ns, cluster string, nodeType rayv1.RayNodeType) ([]corev1.Pod, error) {
+	pods := &corev1.PodList{}
+	err := s.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{
+		utils.RayClusterLabelKey: cluster, utils.RayNodeTypeLabelKey: string(nodeType),
+	})
+	return pods.Items, err
 }

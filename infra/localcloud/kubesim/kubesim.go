@@ -103,6 +103,11 @@ type Scenario struct {
 	// creation (0: for as long as the job lasts). Ignored by pods already
 	// running.
 	Refuse map[string]time.Duration
+	// PreemptAt is a run's preemption steps, one per attempt: the local
+	// cloud plays attempt n as Preempt at PreemptAt[n-1] and lets the
+	// attempts after the list succeed. The player itself reads Outcome
+	// and At.
+	PreemptAt []int
 	// DroppedRows is how many of the dataset's rows are longer than
 	// --max-seq-length (default 0). The dataset has one epoch's samples plus
 	// these; above --max-dropped-share the job fails before training, with

@@ -16,10 +16,8 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // play is one submitted Ray job: its dashboard status and the trainer
@@ -393,17 +391,15 @@ func (t *trainer) fail(ctx context.Context, errText string, step int) (rayv1.Job
 // loseHead deletes the RayCluster's head Pod, as a lost node would. The
 // job dies with its head and leaves no completion mark.
 func (t *trainer) loseHead(ctx context.Context, step int) (rayv1.JobStatus, string) {
-	c := t.p.d.sim.Client
-	pods := &corev1.PodList{}
-	if err := c.List(ctx, pods, client.InNamespace(t.ns), client.MatchingLabels{
-		utils.RayClusterLabelKey: t.cluster, utils.RayNodeTypeLabelKey: string(rayv1.HeadNode),
-	}); err != nil && ctx.Err() != nil {
+	s := t.p.d.sim
+	pods, err := s.clusterPods(ctx, t.ns, t.cluster, rayv1.HeadNode)
+	if err != nil && ctx.Err() != nil {
 		return "", ""
 	}
 	var names []string
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if err := c.Delete(ctx, pod); err == nil {
+	for i := range pods {
+		pod := &pods[i]
+		if err := s.Client.Delete(ctx, pod); err == nil {
 			names = append(names, pod.Name)
 		}
 	}

@@ -705,7 +705,7 @@ func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenari
 		parsed.Outcome = kubesim.Succeed
 	}
 	// preempt=3/7: attempt n loses a node at the n-th step listed.
-	if at := preemptAt(text); len(at) > 0 {
+	if at := parsed.PreemptAt; len(at) > 0 {
 		n, _ := strconv.Atoi(job.Labels[names.LabelAttempt])
 		parsed.Outcome = kubesim.Succeed
 		if n >= 1 && n <= len(at) {
@@ -715,21 +715,17 @@ func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenari
 	return parsed
 }
 
-// preemptAt is the steps of a scenario's preempt=3/7 ("" or bad: none).
-func preemptAt(text string) []int {
+// parsePreempt reads preempt=3/7: the step each attempt loses a node at.
+func parsePreempt(v string) ([]int, error) {
 	var at []int
-	for _, kv := range strings.Split(text, ",") {
-		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
-		if k != "preempt" {
-			continue
+	for _, s := range strings.Split(v, "/") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("preempt=%s: %q is not a step (give steps such as preempt=3/7)", v, s)
 		}
-		for _, s := range strings.Split(v, "/") {
-			if n, err := strconv.Atoi(s); err == nil {
-				at = append(at, n)
-			}
-		}
+		at = append(at, n)
 	}
-	return at
+	return at, nil
 }
 
 // ParseScenario reads "outcome=fail,at=5,steps=4,step=100ms" over the
@@ -758,9 +754,7 @@ func ParseScenario(text string) (kubesim.Scenario, error) {
 		case "refuse":
 			sc.Refuse, err = parseRefuse(v)
 		case "preempt":
-			if len(preemptAt(kv)) == 0 {
-				err = fmt.Errorf("preempt=%s names no step (give steps such as preempt=3/7)", v)
-			}
+			sc.PreemptAt, err = parsePreempt(v)
 		default:
 			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped, refuse, preempt)", k)
 		}
