@@ -28,6 +28,11 @@ def load_defaults(path: str = DEFAULTS_FILE) -> Dict[str, Any]:
 
 DEFAULTS = load_defaults()
 
+# The job spec's dataset section (JSON), set by the pipeline in the RayJob's
+# runtime env: templates and system messages are free text, so they travel as
+# data and never through the entrypoint's shell.
+DATASET_FORMAT_ENV = "RAYDROP_DATASET_FORMAT"
+
 # Flags whose value changes the trained model. Each default is the better
 # choice; the reference tutorial's behaviour is the other value.
 TUTORIAL_MODEL_CHOICES = {
@@ -101,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-id", default="google/gemma-3-4b-it", help="HF repo id or local directory")
     g.add_argument("--dataset-id", default="philschmid/amazon-product-descriptions-vlm",
                    help="HF repo id or local path (datasets.load_from_disk or load_dataset)")
+    g.add_argument("--dataset-revision", default="",
+                   help="Hub dataset revision (branch, tag or commit); empty: the default branch")
+    g.add_argument("--dataset-format", default=os.environ.get(DATASET_FORMAT_ENV, ""),
+                   help="the spec's dataset section as JSON (format, template, messages); empty: the tutorial's "
+                        f"template. Default: ${DATASET_FORMAT_ENV}, which the pipeline sets, so free text never "
+                        "reaches a command line")
     g.add_argument("--dataset-split", default="train")
     g.add_argument("--eval-split", default="",
                    help="split to evaluate every checkpoint on (empty: hold out --eval-share of --dataset-split)")
@@ -117,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail before training when a larger share of the rows is longer than --max-seq-length")
     g.add_argument("--dataloader-num-workers", type=_non_negative_int, default=4,
                    help="processes decoding images per training worker (0: in the training process)")
+
+    g.add_argument("--check-processes", type=_non_negative_int, default=0,
+                   help="datacheck.py: processes encoding rows and decoding images (0: one per CPU)")
+    g.add_argument("--estimate-tokens-per-gpu-second", type=float, default=188.0,
+                   help="datacheck.py: training throughput the time and cost estimate assumes "
+                        "(the reference run's 188 tokens/s per B200)")
+    g.add_argument("--gpu-hour-usd", type=float, default=0.0,
+                   help="datacheck.py: price of one GPU-hour for the cost estimate")
 
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora-r", type=_positive_int, default=16)
@@ -171,6 +190,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--eval-share must be at most 0.5, got {args.eval_share}")
     if args.quantization == "4bit" and not args.use_gpu:
         parser.error("--quantization 4bit needs --use-gpu true (bitsandbytes 4-bit kernels are CUDA only)")
+    if args.dataset_format:
+        try:
+            doc = json.loads(args.dataset_format)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--dataset-format is not JSON: {exc}")
+        if not isinstance(doc, dict):
+            parser.error("--dataset-format must be a JSON object")
     args.resume_from = args.resume_from or None
     return args
 

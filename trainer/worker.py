@@ -272,12 +272,14 @@ def train_func(config: Dict[str, Any]) -> None:
     # One process per node downloads (dataset, model, checkpoint) into the
     # node's caches; the others then read those caches. The rows are checked
     # before the model is fetched, so a dataset that cannot train fails fast.
+    fmt = data.Format.from_json(json.loads(args.dataset_format) if getattr(args, "dataset_format", "") else None)
+    revision = getattr(args, "dataset_revision", "")
     with training_args.main_process_first(local=True, desc="load processor and dataset"):
         processor = AutoProcessor.from_pretrained(args.model_id, use_fast=True)
-        dataset = data.load_rows(args.dataset_id, args.dataset_split)
+        dataset = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
 
     rows = len(dataset)
-    dataset, dropped, longest = data.filter_by_length(dataset, processor, args.max_seq_length)
+    dataset, dropped, longest = data.filter_by_length(dataset, processor, args.max_seq_length, fmt)
     if rank == 0:
         log.info("dataset: %d rows, %d left out as longer than %d tokens (longest %d)",
                  rows, dropped, args.max_seq_length, longest)
@@ -285,8 +287,8 @@ def train_func(config: Dict[str, Any]) -> None:
     eval_dataset = None
     if args.eval_split:
         with training_args.main_process_first(local=True, desc="load the evaluation split"):
-            eval_dataset = data.load_rows(args.dataset_id, args.eval_split)
-        eval_dataset, _, _ = data.filter_by_length(eval_dataset, processor, args.max_seq_length)
+            eval_dataset = data.load_rows(args.dataset_id, args.eval_split, fmt, revision)
+        eval_dataset, _, _ = data.filter_by_length(eval_dataset, processor, args.max_seq_length, fmt)
     else:
         dataset, eval_dataset = data.hold_out(dataset, args.eval_share, args.seed)
     data_stats = {"dataset_rows": rows, "dropped_rows": dropped, "max_seq_length": args.max_seq_length,
@@ -302,7 +304,7 @@ def train_func(config: Dict[str, Any]) -> None:
     resume_step = saved_step(resume_dir) if resume_dir else None
 
     collator = data.Collator(processor, completion_only=args.completion_only_loss,
-                             pad_to_multiple_of=8 if args.use_gpu else None)
+                             pad_to_multiple_of=8 if args.use_gpu else None, fmt=fmt)
     peft_config = modeling.lora_config(
         args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_target_modules,
         vision_tower=args.lora_vision_tower, train_embeddings=args.train_embeddings,
@@ -331,7 +333,7 @@ def train_func(config: Dict[str, Any]) -> None:
     if rank == 0 and args.sample_answers > 0 and eval_dataset is not None:
         rows = eval_dataset.select(range(min(args.sample_answers, len(eval_dataset))))
         try:
-            doc = samples.write(trainer.model, processor, rows, args.storage_path, args.experiment_name)
+            doc = samples.write(trainer.model, processor, rows, args.storage_path, args.experiment_name, fmt=fmt)
             log.info("wrote %d sample answers (tuned and base) in %.1f s", doc["count"], doc["seconds"])
         except Exception:  # noqa: BLE001 - the model is trained and saved; the run stands without them
             log.exception("could not write the sample answers; the completion mark will name none")

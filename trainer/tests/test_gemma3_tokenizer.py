@@ -36,6 +36,46 @@ ROWS = [
 ]
 
 
+# The tutorial's prompt as its script wrote it (and as raydrop hard-coded it
+# before the dataset format existed): the template format's defaults must
+# encode every row to exactly these tokens.
+TUTORIAL_SYSTEM = "You are an expert product description writer for Amazon."
+TUTORIAL_USER = """Create a Short Product description based on the provided <PRODUCT> and <CATEGORY> and image.
+Only return description. The description should be SEO optimized and for a better mobile search experience.
+
+<PRODUCT>
+{product}
+</PRODUCT>
+
+<CATEGORY>
+{category}
+</CATEGORY>
+"""
+
+
+def tutorial_tokens(processor, row):
+    """The tutorial's encoding, written out independently of data.py."""
+    msgs = [
+        {"role": "system", "content": [{"type": "text", "text": TUTORIAL_SYSTEM}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": TUTORIAL_USER.format(product=row["Product Name"], category=row["Category"])},
+            {"type": "image"}]},
+    ]
+    prompt = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    msgs.append({"role": "assistant", "content": [{"type": "text", "text": row["description"]}]})
+    full = processor.apply_chat_template(msgs, tokenize=False)
+    completion = full[len(prompt):]
+    prompt = prompt.replace(processor.boi_token, processor.full_image_sequence)
+    tok = processor.tokenizer
+    return tok(prompt, add_special_tokens=False)["input_ids"], tok(completion, add_special_tokens=False)["input_ids"]
+
+
+def with_image(row):
+    from PIL import Image
+
+    return {**row, "image": Image.new("RGB", (500, 400))}
+
+
 @pytest.fixture(scope="module")
 def real_processor():
     from transformers import Gemma3ImageProcessor, Gemma3Processor, GemmaTokenizerFast
@@ -65,6 +105,7 @@ def test_encoding_is_the_processors(real_processor, row):
     tokens the processor's own chat-template tokenisation gives the whole."""
     from PIL import Image
 
+    row = with_image(row)
     prompt_ids, completion_ids = data.encode_text(real_processor, row)
     msgs = data.messages(row)
     msgs[1]["content"][1]["image"] = Image.new("RGB", (500, 400))
@@ -74,10 +115,26 @@ def test_encoding_is_the_processors(real_processor, row):
     assert prompt_ids.count(262144) == 256 and prompt_ids[0] == 2
 
 
+@pytest.mark.parametrize("row", ROWS)
+def test_tutorial_encoding_is_unchanged(real_processor, row):
+    """The template format's defaults (and examples/gemma3-vision.json, whose
+    dataset section the Go side checks equals them) give the tutorial's tokens."""
+    row = with_image(row)
+    want_prompt, want_completion = tutorial_tokens(real_processor, row)
+    assert data.encode_text(real_processor, row) == (want_prompt, want_completion)
+    ids, target = data.encode(real_processor, row, data.TUTORIAL)
+    assert ids == want_prompt + want_completion
+    assert target == [False] * len(want_prompt) + [True] * len(want_completion)
+    example = os.path.join(os.path.dirname(cli.DEFAULTS_FILE), "..", "examples", "gemma3-vision.json")
+    with open(example, encoding="utf-8") as f:
+        fmt = data.Format.from_json(json.load(f).get("dataset"))
+    assert data.encode(real_processor, row, fmt) == (ids, target)
+
+
 def test_length_budget(real_processor):
     """What --max-seq-length leaves for the product name, category and
     description, against the reference run's mean sample."""
-    empty = {"Product Name": "", "Category": "", "description": ""}
+    empty = with_image({"Product Name": "", "Category": "", "description": ""})
     p, c = data.encode_text(real_processor, empty)
     fixed = len(p) + len(c)  # template, system prompt, instructions, the image block
     assert fixed == 336

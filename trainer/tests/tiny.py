@@ -140,6 +140,86 @@ def save_dataset(path: str, n: int = 16, long_rows: int = 1) -> str:
     return path
 
 
+COLOURS = {"red": (220, 40, 40), "blue": (40, 40, 220), "green": (40, 200, 40), "yellow": (230, 200, 30)}
+
+
+def png(colour, size=(40, 32)) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, COLOURS[colour]).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_imagefolder(folder: str, n: int = 12, metadata: str = "metadata.jsonl", extra=None) -> str:
+    """An ImageFolder dataset in the user's own columns: images/NN.png beside
+    metadata.jsonl (or .csv) with file_name, question, colour."""
+    import csv
+    import json
+
+    os.makedirs(os.path.join(folder, "images"), exist_ok=True)
+    names = list(COLOURS)
+    recs = []
+    for i in range(n):
+        colour = names[i % len(names)]
+        with open(os.path.join(folder, "images", f"{i:02d}.png"), "wb") as f:
+            f.write(png(colour))
+        recs.append({"file_name": f"images/{i:02d}.png", "question": "What colour is the square?",
+                     "colour": colour, **(extra(i) if extra else {})})
+    path = os.path.join(folder, metadata)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if metadata.endswith(".csv"):
+            w = csv.DictWriter(f, fieldnames=list(recs[0]))
+            w.writeheader()
+            w.writerows(recs)
+        else:
+            for r in recs:
+                f.write(json.dumps(r) + "\n")
+    return folder
+
+
+def messages_rows(n: int = 12):
+    """Conversations with 0, 1 and 2 images (cycling), several turns in some:
+    [(messages, [colour, ...])]."""
+    names = list(COLOURS)
+    out = []
+    for i in range(n):
+        k = i % 3
+        colours = [names[(i + j) % len(names)] for j in range(k)]
+        content = [{"type": "image"} for _ in colours] + [{"type": "text", "text": f"How many squares? ({i})"}]
+        msgs = [{"role": "user", "content": content},
+                {"role": "assistant", "content": [{"type": "text", "text": f"{k}."}]}]
+        if colours:
+            msgs += [{"role": "user", "content": "And the first colour?"},
+                     {"role": "assistant", "content": colours[0] + "."}]
+        out.append((msgs, colours))
+    return out
+
+
+def write_messages_jsonl(folder: str, n: int = 12, embed=False) -> str:
+    """messages.jsonl: the TRL conversational format, images as relative paths
+    (or data: URIs when embed)."""
+    import base64
+    import json
+
+    os.makedirs(os.path.join(folder, "img"), exist_ok=True)
+    with open(os.path.join(folder, "train.jsonl"), "w", encoding="utf-8") as f:
+        for i, (msgs, colours) in enumerate(messages_rows(n)):
+            images = []
+            for j, c in enumerate(colours):
+                if embed:
+                    images.append("data:image/png;base64," + base64.b64encode(png(c)).decode())
+                else:
+                    name = f"img/{i:02d}-{j}.png"
+                    with open(os.path.join(folder, name), "wb") as g:
+                        g.write(png(c))
+                    images.append(name)
+            f.write(json.dumps({"messages": msgs, "images": images}) + "\n")
+    return folder
+
+
 if __name__ == "__main__":  # build both into a folder, for poking at by hand
     import sys
 
