@@ -29,6 +29,19 @@ type TrainingDefaults struct {
 	GradientCheckpointing     bool    `json:"gradientCheckpointing"`
 	MaxSeqLength              int     `json:"maxSeqLength"`
 	MaxDroppedShare           float64 `json:"maxDroppedShare"`
+	// Template is the tutorial's prompt and columns: the dataset format's
+	// defaults, so that the example spec trains as the tutorial did.
+	Template struct {
+		System         string   `json:"system"`
+		Prompt         string   `json:"prompt"`
+		Answer         string   `json:"answer"`
+		Images         []string `json:"images"`
+		ImagePlacement string   `json:"imagePlacement"`
+	} `json:"template"`
+	Messages struct {
+		Column       string `json:"column"`
+		ImagesColumn string `json:"imagesColumn"`
+	} `json:"messages"`
 }
 
 // Defaults returns the embedded defaults.json.

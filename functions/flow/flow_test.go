@@ -88,7 +88,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	w := &world{t: t, ctx: context.Background(), gcs: gcstest.New(t, intake, state, output), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
 	cfg, err := pipeline.LoadConfig(func(k string) string {
-		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_STATE_BUCKET": state, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output}[k]
+		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_STATE_BUCKET": state, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output, "RAYDROP_DATA_BUCKETS": "team-data"}[k]
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -907,6 +907,7 @@ func TestOutsideTheDeploymentRejected(t *testing.T) {
 	for _, c := range []struct{ name, old, new, path, allowed string }{
 		{"bucket", `"bucket": "` + output + `"`, `"bucket": "someone-elses-bucket"`, "output.bucket", output},
 		{"namespace", `"cluster": {`, `"cluster": {"namespace": "kube-system",`, "cluster.namespace", `runs may use default`},
+		{"data bucket", `"cluster": {`, `"dataset": {"source": "gs://someone-elses-data/x"}, "cluster": {`, "dataset.source", `bucket "someone-elses-data" is not a data bucket of this deployment; runs may read data from team-data`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := newWorld(t)

@@ -140,12 +140,23 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, cfg p
 
 // deploymentProblems are the places a valid spec names that the deployment
 // gives its functions no access to: a checkpoint bucket they may not read
-// (its workers would stay up), a namespace where they have no Kubernetes
-// permissions (every step would be refused).
+// (its workers would stay up), a data bucket the Ray pods may not read (the
+// run would fail once its GPUs were up), a namespace where they have no
+// Kubernetes permissions (every step would be refused).
 func deploymentProblems(s *spec.JobSpec, cfg pipeline.Config) error {
 	var ps spec.Problems
 	if !cfg.MayWrite(s.Output.Bucket) {
 		ps = append(ps, spec.Problem{Path: "output.bucket", Message: fmt.Sprintf("%q is not a checkpoint bucket of this deployment; runs may write to %s", s.Output.Bucket, strings.Join(cfg.OutputBuckets, ", "))})
+	}
+	if src := s.Dataset.Source; src != "" {
+		bucket, _, _ := strings.Cut(strings.TrimPrefix(src, "gs://"), "/")
+		if !cfg.MayRead(bucket) {
+			allowed := "none: this deployment names no data bucket (RAYDROP_DATA_BUCKETS, the HCL's data_buckets)"
+			if len(cfg.DataBuckets) > 0 {
+				allowed = strings.Join(cfg.DataBuckets, ", ")
+			}
+			ps = append(ps, spec.Problem{Path: "dataset.source", Message: fmt.Sprintf("bucket %q is not a data bucket of this deployment; runs may read data from %s", bucket, allowed)})
+		}
 	}
 	if !cfg.MayUse(s.Cluster.Namespace) {
 		ps = append(ps, spec.Problem{Path: "cluster.namespace", Message: fmt.Sprintf("%q is not a namespace of this deployment; runs may use %s", s.Cluster.Namespace, strings.Join(cfg.Namespaces, ", "))})

@@ -87,6 +87,7 @@ locals {
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
     RAYDROP_STATE_BUCKET      = google_storage_bucket.state.name
     RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
+    RAYDROP_DATA_BUCKETS      = join(",", var.data_buckets)
     RAYDROP_NAMESPACES        = var.namespace
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
     RAYDROP_TOPIC_REQUESTS    = var.topics.requests

@@ -83,6 +83,17 @@ resource "google_storage_bucket_iam_member" "ray_artifacts_bucket_metadata" {
   member = google_service_account.ray.member
 }
 
+# The buckets runs read their data from (a spec's dataset.source): read-only,
+# and to the Ray pods alone; the functions only check a spec names one of
+# them (RAYDROP_DATA_BUCKETS). objectViewer lists and reads objects.
+# https://cloud.google.com/storage/docs/access-control/iam-roles
+resource "google_storage_bucket_iam_member" "ray_data" {
+  for_each = toset(var.data_buckets)
+  bucket   = each.value
+  role     = "roles/storage.objectViewer"
+  member   = google_service_account.ray.member
+}
+
 resource "google_service_account_iam_member" "ray_workload_identity" {
   service_account_id = google_service_account.ray.name
   role               = "roles/iam.workloadIdentityUser"

@@ -59,6 +59,12 @@ variable "namespace" {
   default     = "default"
 }
 
+variable "data_buckets" {
+  description = "Existing Cloud Storage buckets runs may read their data from (a job spec's dataset.source, gs://BUCKET/folder). The Ray pods' identity gets read-only access to each; a spec naming any other bucket is rejected at admission."
+  type        = list(string)
+  default     = []
+}
+
 variable "ray_service_account" {
   description = "Kubernetes service account of the Ray pods (the job spec's cluster.serviceAccount), bound by Workload Identity to a Google service account that may write the artifact bucket."
   type        = string

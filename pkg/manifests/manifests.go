@@ -7,6 +7,7 @@ package manifests
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -247,7 +249,7 @@ func RayJob(s *spec.JobSpec, run Run) *rayv1.RayJob {
 		},
 		Spec: rayv1.RayJobSpec{
 			Entrypoint:      Entrypoint(s, run),
-			RuntimeEnvYAML:  RuntimeEnvYAML(),
+			RuntimeEnvYAML:  RuntimeEnvYAML(s),
 			ClusterSelector: map[string]string{"ray.io/cluster": s.Cluster.Name},
 			JobId:           names.SubmissionID(run.ID, run.Attempt),
 		},
@@ -278,10 +280,13 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--experiment-name", ExperimentName(run.Attempt),
 		"--mark-notice", "gs://" + s.Output.Bucket + "/" + names.MarkNotice(run.ID, run.Attempt),
 		"--model-id", s.Model.ID,
-		"--dataset-id", s.Dataset.ID,
+		"--dataset-id", s.Dataset.DataSource(),
 		"--dataset-split", s.Dataset.Split,
 		"--num-workers", itoa(t.Workers),
 		"--use-gpu", "true",
+	}
+	if s.Dataset.Revision != "" {
+		args = append(args, "--dataset-revision", s.Dataset.Revision)
 	}
 	if s.Dataset.EvalSplit != "" {
 		args = append(args, "--eval-split", s.Dataset.EvalSplit)
@@ -348,15 +353,40 @@ func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
-// requirements, the single source of truth shared with its tests.
-func RuntimeEnvYAML() string {
+// DatasetFormatEnv carries the spec's dataset format (its template and
+// system message are free text) to the trainer as data: Ray's job manager
+// sets it in the driver's and the workers' environment, and no shell ever
+// reads it. The trainer reads it as the default of --dataset-format.
+const DatasetFormatEnv = "RAYDROP_DATASET_FORMAT"
+
+// DatasetFormat is what DatasetFormatEnv holds: the dataset section's format
+// fields, as JSON.
+func DatasetFormat(s *spec.JobSpec) string {
 	var b strings.Builder
-	b.WriteString("pip:\n")
-	for _, r := range trainer.Requirements() {
-		b.WriteString("  - " + r + "\n")
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // the prompt's <PRODUCT> stays readable in the RayJob
+	if err := enc.Encode(struct {
+		Format   string        `json:"format"`
+		Template spec.Template `json:"template"`
+		Messages spec.Messages `json:"messages"`
+	}{s.Dataset.Format, s.Dataset.Template, s.Dataset.Messages}); err != nil {
+		panic(err) // plain strings always marshal
 	}
-	return b.String()
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
+// requirements, the single source of truth shared with its tests, and the
+// dataset format.
+func RuntimeEnvYAML(s *spec.JobSpec) string {
+	b, err := yaml.Marshal(struct {
+		Pip     []string          `json:"pip"`
+		EnvVars map[string]string `json:"env_vars"`
+	}{trainer.Requirements(), map[string]string{DatasetFormatEnv: DatasetFormat(s)}})
+	if err != nil {
+		panic(err) // strings always marshal
+	}
+	return string(b)
 }
 
 // podEnv is the Ray containers' environment: the Hugging Face token from

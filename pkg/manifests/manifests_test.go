@@ -2,11 +2,13 @@ package manifests_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"maps"
 	"os"
 	"os/exec"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -162,6 +164,24 @@ func TestMatchesTutorial(t *testing.T) {
 			t.Errorf("jobId = %v", get(t, got, "spec.jobId"))
 		}
 		deletePath(got, "spec.jobId")
+		// The runtime env adds the dataset format as a variable (free text
+		// travels as data, never through the entrypoint's shell); its pip
+		// list is the tutorial's.
+		var gotEnv, wantEnv map[string]any
+		for yml, into := range map[string]*map[string]any{get(t, got, "spec.runtimeEnvYAML").(string): &gotEnv, get(t, want, "spec.runtimeEnvYAML").(string): &wantEnv} {
+			if err := yaml.Unmarshal([]byte(yml), into); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 1 || vars[manifests.DatasetFormatEnv] == nil {
+			t.Errorf("runtime env variables = %v, want only %s", gotEnv["env_vars"], manifests.DatasetFormatEnv)
+		}
+		delete(gotEnv, "env_vars")
+		if !reflect.DeepEqual(gotEnv, wantEnv) {
+			t.Errorf("runtime env = %v, the tutorial's = %v", gotEnv, wantEnv)
+		}
+		deletePath(got, "spec.runtimeEnvYAML")
+		deletePath(want, "spec.runtimeEnvYAML")
 		compare(t, got, want)
 	})
 }
@@ -267,7 +287,7 @@ func TestRuntimeEnvFromRequirements(t *testing.T) {
 	var env struct {
 		Pip []string `json:"pip"`
 	}
-	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML()), &env); err != nil {
+	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(exampleSpec(t))), &env); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(env.Pip, reqs) {
@@ -325,6 +345,43 @@ func TestNamesWithinKubeRayLimits(t *testing.T) {
 	}
 }
 
+// TestFreeTextTravelsAsData: a template and a system message full of what a
+// shell would act on never reach the entrypoint, and arrive byte for byte in
+// the runtime env variable the trainer reads.
+func TestFreeTextTravelsAsData(t *testing.T) {
+	s := specFile(t, "../spec/testdata/good/own-data.json")
+	s.Dataset.Template.System = "It's \"$(id)\" `uname` ; rm -rf / \n\ttabs — 日本語 $HOME"
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ep := manifests.Entrypoint(s, exampleRun(s))
+	for _, text := range []string{s.Dataset.Template.System, s.Dataset.Template.Prompt, "$(", "`"} {
+		if strings.Contains(ep, text) {
+			t.Errorf("entrypoint carries %q: %s", text, ep)
+		}
+	}
+	checkArgv(t, s, exampleRun(s))
+	var env struct {
+		EnvVars map[string]string `json:"env_vars"`
+	}
+	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(s)), &env); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Format   string        `json:"format"`
+		Template spec.Template `json:"template"`
+	}
+	if err := json.Unmarshal([]byte(env.EnvVars[manifests.DatasetFormatEnv]), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Format != "template" || !reflect.DeepEqual(got.Template, s.Dataset.Template) {
+		t.Errorf("runtime env carries %+v, want %+v", got.Template, s.Dataset.Template)
+	}
+	if !slices.Contains(manifests.TrainerArgs(s, exampleRun(s)), "gs://my-data/receipts") {
+		t.Errorf("the trainer is not given dataset.source: %v", manifests.TrainerArgs(s, exampleRun(s)))
+	}
+}
+
 // TestEntrypointSplitsAsArgv runs the rendered entrypoint through bash, the
 // way KubeRay's submitter does, and again through the shell that Ray's job
 // manager uses on the joined words, and checks both see the intended argv.
@@ -346,7 +403,11 @@ func FuzzEntrypoint(f *testing.F) {
 		s := spec.Defaults()
 		s.Cluster.ServiceAccount, s.Cluster.Reservation, s.Output.Bucket = "ray-sa", "res", "my-bucket"
 		run := manifests.Run{ID: "run-1", Attempt: 1}
-		switch field % 9 {
+		switch field % 11 {
+		case 9:
+			s.Dataset.Source = value
+		case 10:
+			s.Dataset.Revision = value
 		case 0:
 			s.Model.ID = value
 		case 1:

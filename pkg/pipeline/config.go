@@ -35,6 +35,10 @@ type Config struct {
 	// checkpoints to, the ones the functions' identities may read. A spec
 	// naming another is rejected at admission.
 	OutputBuckets []string
+	// RAYDROP_DATA_BUCKETS (comma-separated, optional): the buckets a spec's
+	// dataset.source may read from, the ones the Ray pods' identity may
+	// read. A spec naming another is rejected at admission.
+	DataBuckets []string
 	// RAYDROP_NAMESPACES (comma-separated, default "default"): the
 	// Kubernetes namespaces runs may use, the only ones where the
 	// functions' identities have Kubernetes permissions (Roles, never
@@ -65,6 +69,9 @@ func DefaultTopics() Topics {
 
 // TopicEnv is the variable that names the topic of a key.
 func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key) }
+
+// MayRead reports whether runs may read their data from bucket.
+func (c Config) MayRead(bucket string) bool { return slices.Contains(c.DataBuckets, bucket) }
 
 // MayWrite reports whether runs may write checkpoints to bucket.
 func (c Config) MayWrite(bucket string) bool { return slices.Contains(c.OutputBuckets, bucket) }
@@ -117,6 +124,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		*c.Topics.field(k) = get(TopicEnv(k), def.Name(k))
 	}
 	c.OutputBuckets = list(need("RAYDROP_OUTPUT_BUCKETS"))
+	c.DataBuckets = list(get("RAYDROP_DATA_BUCKETS", ""))
 	c.Namespaces = list(get("RAYDROP_NAMESPACES", "default"))
 	if len(c.OutputBuckets) == 0 && getenv("RAYDROP_OUTPUT_BUCKETS") != "" {
 		errs = append(errs, fmt.Errorf("RAYDROP_OUTPUT_BUCKETS %q names no bucket", getenv("RAYDROP_OUTPUT_BUCKETS")))

@@ -32,6 +32,8 @@ const (
 	maxSamplesJSON = 4 << 20
 	maxImage       = 2 << 20
 	maxSamples     = 32
+	// maxImagesPerSample bounds the inlined images, on average, per sample row.
+	maxImagesPerSample = 2
 )
 
 // Object is where the run's report lives: its bucket and object name.
@@ -97,19 +99,25 @@ func (in *Input) note(err error) error {
 	return err
 }
 
-// samplesFile is samples.json as trainer/samples.py writes it.
+// samplesFile is samples.json as trainer/samples.py writes it: schema 2
+// names a list of images per row and scores the answers; schema 1 (runs
+// trained before the dataset formats) named one image and the tutorial's
+// product name and category.
 type samplesFile struct {
 	Count        int     `json:"count"`
 	MaxNewTokens int     `json:"maxNewTokens"`
 	Seconds      float64 `json:"seconds"`
-	Samples      []struct {
-		ProductName string `json:"productName"`
-		Category    string `json:"category"`
-		Prompt      string `json:"prompt"`
-		Image       string `json:"image"`
-		Reference   string `json:"reference"`
-		Base        string `json:"base"`
-		Tuned       string `json:"tuned"`
+	Scores       *struct {
+		Base  Score `json:"base"`
+		Tuned Score `json:"tuned"`
+	} `json:"scores"`
+	Samples []struct {
+		Prompt    string   `json:"prompt"`
+		Image     string   `json:"image"`
+		Images    []string `json:"images"`
+		Reference string   `json:"reference"`
+		Base      string   `json:"base"`
+		Tuned     string   `json:"tuned"`
 	} `json:"samples"`
 }
 
@@ -125,28 +133,42 @@ func readSamples(ctx context.Context, st checkpoints.Store, dir string) (*Sample
 		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), checkpoints.ErrUnreadable, err)
 	}
 	out := &Samples{URI: st.URI(name), MaxNewTokens: f.MaxNewTokens, Seconds: f.Seconds}
+	if f.Scores != nil {
+		out.Base, out.Tuned = &f.Scores.Base, &f.Scores.Tuned
+	}
+	inlined := 0
 	for i, s := range f.Samples {
 		if i == maxSamples {
 			out.Left = len(f.Samples) - maxSamples
 			break
 		}
-		one := Sample{ProductName: s.ProductName, Category: s.Category, Prompt: s.Prompt, Reference: s.Reference, Base: s.Base, Tuned: s.Tuned, ImageName: s.Image}
+		one := Sample{Prompt: s.Prompt, Reference: s.Reference, Base: s.Base, Tuned: s.Tuned}
+		names := s.Images
 		if s.Image != "" {
-			img := dir + "/" + path.Base(s.Image)
-			one.ImageURI = st.URI(img)
-			data, err := st.Read(ctx, img, maxImage)
+			names = append([]string{s.Image}, names...)
+		}
+		for _, n := range names {
+			img := SampleImage{Name: n, URI: st.URI(dir + "/" + path.Base(n))}
+			if inlined == maxSamples*maxImagesPerSample {
+				img.Note = "not inlined: the report inlines at most " + fmt.Sprint(maxSamples*maxImagesPerSample) + " images"
+				one.Images = append(one.Images, img)
+				continue
+			}
+			data, err := st.Read(ctx, dir+"/"+path.Base(n), maxImage)
 			switch {
 			case err == nil:
 				// Only the image types the trainer writes are inlined: a data:
 				// URL of any other type is not one html/template lets through.
-				if mt := imageType(img); mt != "" {
-					one.Image = template.URL("data:" + mt + ";base64," + base64.StdEncoding.EncodeToString(data))
+				if mt := imageType(n); mt != "" {
+					img.Data = template.URL("data:" + mt + ";base64," + base64.StdEncoding.EncodeToString(data))
+					inlined++
 				}
 			case errors.Is(err, checkpoints.ErrNotFound), pipeline.Unreadable(err):
-				one.ImageNote = err.Error()
+				img.Note = err.Error()
 			default:
 				return nil, err
 			}
+			one.Images = append(one.Images, img)
 		}
 		out.Samples = append(out.Samples, one)
 	}

@@ -59,15 +59,28 @@ type Samples struct {
 	MaxNewTokens int
 	Seconds      float64
 	Samples      []Sample
-	Left         int // answers not shown
+	Left         int    // answers not shown
+	Base, Tuned  *Score // nil for samples written before the scores existed
 }
 
 // Sample is one held-out row and the answers to it.
 type Sample struct {
-	ProductName, Category, Prompt, Reference, Base, Tuned string
-	ImageName, ImageURI                                   string
-	Image                                                 template.URL // data: URL; "" when not inlined
-	ImageNote                                             string       // why the image is missing
+	Prompt, Reference, Base, Tuned string
+	Images                         []SampleImage
+}
+
+// SampleImage is one image of a sample row.
+type SampleImage struct {
+	Name, URI string
+	Data      template.URL // data: URL; "" when not inlined
+	Note      string       // why the image is missing
+}
+
+// Score is how close a model's sample answers came to the references:
+// the share answered exactly, and the mean word-overlap F1.
+type Score struct {
+	ExactMatch float64 `json:"exactMatch"`
+	TokenF1    float64 `json:"tokenF1"`
 }
 
 // Charts: each plots these metrics against the step, one line per attempt.

@@ -1,10 +1,13 @@
 package spec
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/distribution/reference"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -34,9 +37,118 @@ var (
 	reservRE    = regexp.MustCompile(`^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
 	hfTokenRE   = regexp.MustCompile(`hf_[A-Za-z0-9]{30,}`)
 	imageCharRE = regexp.MustCompile(`^[A-Za-z0-9._/:@-]+$`)
+	gsFolderRE  = regexp.MustCompile(`^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?$`)
+	revisionRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
+	// A column name reaches the trainer as data, never a shell; braces would
+	// make it unreadable as a placeholder, control characters unprintable.
+	columnRE = regexp.MustCompile(`^[^{}\x00-\x1f\x7f]+$`)
 )
 
+// Placeholders are the column names a prompt template refers to, in order,
+// once each; the trainer (data.placeholders) reads templates by the same
+// grammar: {column}, with {{ and }} for literal braces. A malformed template
+// gives a message saying where.
+func Placeholders(template string) ([]string, string) {
+	var names []string
+	for i := 0; i < len(template); i++ {
+		c := template[i]
+		switch {
+		case c == '{' && i+1 < len(template) && template[i+1] == '{', c == '}' && i+1 < len(template) && template[i+1] == '}':
+			i++
+		case c == '}':
+			return nil, fmt.Sprintf("has a lone '}' at byte %d (write }} for a literal brace)", i)
+		case c == '{':
+			end := strings.IndexAny(template[i+1:], "{}")
+			if end < 0 || template[i+1+end] != '}' {
+				return nil, fmt.Sprintf("has a lone '{' at byte %d (write {{ for a literal brace)", i)
+			}
+			name := template[i+1 : i+1+end]
+			if strings.TrimSpace(name) == "" {
+				return nil, fmt.Sprintf("has an empty placeholder at byte %d", i)
+			}
+			if msg := checkColumn(name); msg != "" {
+				return nil, fmt.Sprintf("placeholder {%s} at byte %d %s (allowed: %s)", name, i, msg, columnAllowed)
+			}
+			if !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+			i += end + 1
+		}
+	}
+	return names, ""
+}
+
+const columnAllowed = "a column name: up to 128 bytes, no braces, control characters, or leading or trailing spaces"
+
+func checkColumn(s string) string {
+	if !columnRE.MatchString(s) || !utf8.ValidString(s) {
+		return "is not a column name"
+	}
+	if strings.TrimSpace(s) != s {
+		return "has leading or trailing spaces"
+	}
+	if len(s) > 128 {
+		return "is longer than 128 bytes"
+	}
+	return ""
+}
+
 var kinds = map[string]stringKind{
+	"gsfolder": {
+		check: func(s string) string {
+			m := gsFolderRE.FindStringSubmatch(s)
+			if m == nil {
+				return "is not a gs:// folder"
+			}
+			if msg := checkBucket(m[1]); msg != "" {
+				return "names a bucket that " + msg
+			}
+			for _, part := range strings.Split(strings.TrimPrefix(s, "gs://"), "/") {
+				if part == "." || part == ".." {
+					return "has a '.' or '..' part"
+				}
+			}
+			return ""
+		},
+		allowed: "gs://bucket/folder: a bucket name, then slash-separated parts of letters, digits, '.', '_' and '-'",
+		pattern: gsFolderRE.String(),
+	},
+	"revision": {
+		check: func(s string) string {
+			if !revisionRE.MatchString(s) || strings.Contains(s, "..") {
+				return "is not a revision"
+			}
+			return ""
+		},
+		allowed: "a branch, tag or commit: letters, digits, '.', '_', '/' and '-', starting with a letter or digit, no '..'",
+		pattern: revisionRE.String(),
+	},
+	"text": {
+		check: func(s string) string {
+			if strings.ContainsRune(s, 0) {
+				return "contains a NUL character"
+			}
+			return ""
+		},
+		allowed: "free text (it reaches the trainer as data, never through a shell)",
+		pattern: `^[^\x00]*$`,
+	},
+	"template": {
+		check: func(s string) string {
+			if strings.ContainsRune(s, 0) {
+				return "contains a NUL character"
+			}
+			_, msg := Placeholders(s)
+			return msg
+		},
+		allowed: "free text with {column} placeholders; {{ and }} are literal braces",
+		pattern: `^[^\x00]*$`,
+	},
+	"column": {
+		check:   checkColumn,
+		allowed: columnAllowed,
+		pattern: columnRE.String(),
+	},
 	"hfrepo": {
 		check: func(s string) string {
 			if !hfRepoRE.MatchString(s) || strings.Contains(s, "--") || strings.Contains(s, "..") {
@@ -194,6 +306,12 @@ func findSecrets(v reflect.Value, path string) Problems {
 		switch {
 		case f.typ.Kind() == reflect.Struct:
 			ps = append(ps, findSecrets(fv, p)...)
+		case f.typ.Kind() == reflect.Slice && f.typ.Elem().Kind() == reflect.String:
+			for i := 0; i < fv.Len(); i++ {
+				if hfTokenRE.MatchString(fv.Index(i).String()) {
+					ps = append(ps, Problem{Path: indexPath(p, i), Message: "looks like a Hugging Face token (tokens belong in the Secret named by cluster.hfSecret, never in a spec)"})
+				}
+			}
 		case f.typ.Kind() == reflect.Slice:
 			for i := 0; i < fv.Len(); i++ {
 				ps = append(ps, findSecrets(fv.Index(i), indexPath(p, i))...)

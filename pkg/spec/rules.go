@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,6 +173,13 @@ func validateStruct(v reflect.Value, path string, ps *Problems) {
 				*ps = append(*ps, Problem{Path: p, Message: msg})
 			}
 			for i := 0; i < fv.Len(); i++ {
+				if f.typ.Elem().Kind() == reflect.String {
+					// A list of strings: the count rules are the list's, the kind each item's.
+					if msg := checkString(fv.Index(i).String(), rules{kind: f.rules.kind}); msg != "" {
+						*ps = append(*ps, Problem{Path: indexPath(p, i), Message: msg})
+					}
+					continue
+				}
 				validateStruct(fv.Index(i), indexPath(p, i), ps)
 			}
 			continue
@@ -325,7 +333,34 @@ func (s *JobSpec) crossChecks() Problems {
 	if s.Limits.StartDeadline > s.Limits.Deadline && s.Limits.Deadline > 0 {
 		ps = append(ps, Problem{Path: "limits.startDeadline", Message: fmt.Sprintf("%s is longer than deadline %s (allowed: at most the deadline)", time.Duration(s.Limits.StartDeadline), time.Duration(s.Limits.Deadline))})
 	}
+	ps = append(ps, s.datasetChecks()...)
 	return append(ps, s.capacityChecks()...)
+}
+
+// datasetChecks are the dataset's rules that join fields; the data itself is
+// checked by the trainer's data check before any GPU is asked for.
+func (s *JobSpec) datasetChecks() Problems {
+	var ps Problems
+	d := s.Dataset
+	if d.Source != "" && d.Revision != "" {
+		ps = append(ps, Problem{Path: "dataset.revision", Message: fmt.Sprintf("%s is set with dataset.source, which has no revisions (allowed: a revision only with a Hub dataset id; empty with source)", quote(d.Revision))})
+	}
+	if d.Format == FormatTemplate {
+		names, _ := Placeholders(d.Template.Prompt)
+		if len(names) == 0 && len(d.Template.Images) == 0 {
+			ps = append(ps, Problem{Path: "dataset.template.prompt", Message: "names no column and dataset.template.images is empty, so every row would get the same prompt (allowed: at least one {column} placeholder or one image column)"})
+		}
+		if slices.Contains(d.Template.Images, d.Template.Answer) {
+			ps = append(ps, Problem{Path: "dataset.template.answer", Message: fmt.Sprintf("%s is also an image column (allowed: a text column that is not in dataset.template.images)", quote(d.Template.Answer))})
+		}
+		if slices.Contains(names, d.Template.Answer) {
+			ps = append(ps, Problem{Path: "dataset.template.prompt", Message: fmt.Sprintf("shows the answer column {%s} in the prompt (allowed: placeholders of other columns; the model would learn to copy its answer)", d.Template.Answer)})
+		}
+	}
+	if d.Format == FormatMessages && d.Messages.Column == d.Messages.ImagesColumn {
+		ps = append(ps, Problem{Path: "dataset.messages.imagesColumn", Message: fmt.Sprintf("%s is also dataset.messages.column (allowed: another column)", quote(d.Messages.ImagesColumn))})
+	}
+	return ps
 }
 
 // noOnDemand are the accelerators Compute Engine offers no on-demand VMs

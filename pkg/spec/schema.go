@@ -63,9 +63,17 @@ func fieldSchema(f field, def reflect.Value) map[string]any {
 	case f.typ.Kind() == reflect.Struct:
 		s = structSchema(f.typ, def)
 	case f.typ.Kind() == reflect.Slice:
-		item := structSchema(f.typ.Elem(), reflect.New(f.typ.Elem()).Elem())
-		for _, fs := range item["properties"].(map[string]any) {
-			delete(fs.(map[string]any), "default") // an item's fields have no defaults of their own
+		var item map[string]any
+		if f.typ.Elem().Kind() == reflect.String {
+			item = map[string]any{"type": "string", "minLength": 1}
+			if k, ok := kinds[r.kind]; ok {
+				item["pattern"] = k.pattern
+			}
+		} else {
+			item = structSchema(f.typ.Elem(), reflect.New(f.typ.Elem()).Elem())
+			for _, fs := range item["properties"].(map[string]any) {
+				delete(fs.(map[string]any), "default") // an item's fields have no defaults of their own
+			}
 		}
 		s = map[string]any{"type": "array", "items": item}
 		if r.min != "" {

@@ -53,10 +53,17 @@ type Model struct {
 	Quantization string `json:"quantization" spec:"enum=none|4bit" doc:"Base weight quantisation; 4bit is QLoRA (bitsandbytes NF4) as in the reference, none keeps bf16 weights."`
 }
 
-// Dataset selects the training data.
+// Dataset selects the training data: where it is, and how a row becomes a
+// conversation.
 type Dataset struct {
-	ID    string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face dataset repository id with columns 'Product Name', 'Category', 'image' and 'description'."`
-	Split string `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
+	ID       string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face dataset repository id; not used when source is set."`
+	Source   string `json:"source" spec:"kind=gsfolder,max=1024,optional" doc:"A gs:// folder of the deployment's data buckets holding the rows instead of the Hub: the ImageFolder layout (images beside metadata.jsonl or metadata.csv with a file_name column), or JSON Lines / Parquet files whose image fields are paths relative to the file, gs:// URIs or embedded bytes; a split's files are <source>/<split>/ or <source>/<split>*.jsonl|parquet (train may also be the folder itself)."`
+	Revision string `json:"revision" spec:"kind=revision,max=128,optional" doc:"Hub dataset revision (branch, tag or commit) to pin; empty: the default branch. The revision used is recorded in the data check."`
+	// Format says how a row becomes a conversation.
+	Format   string   `json:"format" spec:"enum=template|messages" doc:"template: the row's columns fill dataset.template; messages: a conversation column in TRL's vision-language format (role/content parts with {\"type\": \"image\"} placeholders) and an images column."`
+	Template Template `json:"template" doc:"The conversation made of each row when format is template; the defaults are the tutorial's prompt and columns."`
+	Messages Messages `json:"messages" doc:"The columns read when format is messages."`
+	Split    string   `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
 	// EvalSplit and EvalShare choose the held-out rows every checkpoint is
 	// evaluated on.
 	EvalSplit string  `json:"evalSplit" spec:"kind=token,max=64,optional" doc:"Dataset split to evaluate on; empty: hold out evalShare of the training split."`
@@ -64,6 +71,32 @@ type Dataset struct {
 	// SampleAnswers is how many held-out rows the tuned and the base model
 	// answer after training.
 	SampleAnswers int `json:"sampleAnswers" spec:"min=0,max=64" doc:"Held-out rows answered after training by the tuned model and by the base model (greedy, at most 256 new tokens), written beside the completion mark; 0: none."`
+}
+
+// Template turns a row into a conversation: an optional system message, a
+// user turn of the prompt (its {column} placeholders filled from the row) and
+// the row's images, and the answer column as the assistant's turn.
+type Template struct {
+	System         string   `json:"system" spec:"kind=text,max=8192,optional" doc:"System message; empty: none."`
+	Prompt         string   `json:"prompt" spec:"kind=template,max=32768" doc:"The user's prompt: free text with {column} placeholders filled from each row; {{ and }} are literal braces."`
+	Answer         string   `json:"answer" spec:"kind=column,max=128" doc:"Column holding the answer the model learns to give."`
+	Images         []string `json:"images" spec:"min=0,max=16,kind=column" doc:"Columns holding the row's images (each an image or a list of images), in order; empty: text only."`
+	ImagePlacement string   `json:"imagePlacement" spec:"enum=afterPrompt|beforePrompt" doc:"Where the images go in the user's turn."`
+}
+
+// Messages names the columns of a conversational dataset.
+type Messages struct {
+	Column       string `json:"column" spec:"kind=column,max=128" doc:"Column holding the conversation: a list of {role, content} turns (system, user, assistant); every assistant turn is a target."`
+	ImagesColumn string `json:"imagesColumn" spec:"kind=column,max=128" doc:"Column holding the row's images, one per {\"type\": \"image\"} placeholder, in order."`
+}
+
+// DataSource is where the trainer reads the rows: source when set, else
+// the Hub id.
+func (d Dataset) DataSource() string {
+	if d.Source != "" {
+		return d.Source
+	}
+	return d.ID
 }
 
 // LoRA configures the adapter.
@@ -111,6 +144,12 @@ type Cluster struct {
 	Head           Head       `json:"head" doc:"The Ray head pod."`
 	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
 }
+
+// The dataset formats.
+const (
+	FormatTemplate = "template" // columns fill dataset.template
+	FormatMessages = "messages" // a conversation column and an images column
+)
 
 // The capacity tier types: how GKE gets the GPU nodes
 // (https://cloud.google.com/kubernetes-engine/docs/concepts/consumption-options).
@@ -188,7 +227,16 @@ func Defaults() JobSpec {
 			Quantization: "none",
 		},
 		Dataset: Dataset{
-			ID:            "philschmid/amazon-product-descriptions-vlm",
+			ID:     "philschmid/amazon-product-descriptions-vlm",
+			Format: FormatTemplate,
+			Template: Template{
+				System:         td.Template.System,
+				Prompt:         td.Template.Prompt,
+				Answer:         td.Template.Answer,
+				Images:         td.Template.Images,
+				ImagePlacement: td.Template.ImagePlacement,
+			},
+			Messages:      Messages{Column: td.Messages.Column, ImagesColumn: td.Messages.ImagesColumn},
 			Split:         "train",
 			EvalShare:     0.05,
 			SampleAnswers: 8,

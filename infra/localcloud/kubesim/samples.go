@@ -40,14 +40,17 @@ func (t *trainer) writeSamples(ctx context.Context) error {
 			return err
 		}
 		items = append(items, map[string]any{
-			"productName": fmt.Sprintf("Simulated product %d", i), "category": "Toys & Games",
-			"prompt": "<bos><start_of_turn>user\n(simulated prompt)<start_of_image><end_of_turn>\n<start_of_turn>model\n",
-			"image":  name, "reference": "A simulated reference description.",
-			"base": "A simulated answer of the base model.", "tuned": "A simulated answer of the tuned model.",
+			"prompt": fmt.Sprintf("<bos><start_of_turn>user\n(simulated prompt %d)<start_of_image><end_of_turn>\n<start_of_turn>model\n", i),
+			"images": []string{name}, "reference": "A simulated reference answer.",
+			"base": "A simulated answer of the base model.", "tuned": "A simulated reference answer.",
 		})
 	}
 	seconds := round(time.Since(start).Seconds(), 3)
-	doc := map[string]any{"schemaVersion": 1, "count": n, "maxNewTokens": 256, "seconds": seconds, "samples": items}
+	// The scores trainer/samples.py computes for these answers: the tuned
+	// model repeats every reference; the base model's 7 words share 3 with
+	// the reference's 4 (precision 3/7, recall 3/4: F1 18/33).
+	scores := map[string]any{"base": map[string]float64{"exactMatch": 0, "tokenF1": 0.5455}, "tuned": map[string]float64{"exactMatch": 1, "tokenF1": 1}}
+	doc := map[string]any{"schemaVersion": 2, "count": n, "maxNewTokens": 256, "seconds": seconds, "generateSeconds": seconds, "scores": scores, "samples": items}
 	if err := t.st.put(ctx, t.a.bucket, dir+"samples.json", mustJSON(doc)); err != nil {
 		return err
 	}

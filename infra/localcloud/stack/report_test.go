@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -127,6 +128,7 @@ func TestReportInABrowser(t *testing.T) {
 		Loaded  int            `json:"loaded"`
 		Phase   string         `json:"phase"`
 		Samples int            `json:"samples"`
+		Scores  []string       `json:"scores"`
 	}
 	if err := chromedp.Do(bctx, chromedp.Navigate("file://"+page), chromedp.WaitReady("footer")); err != nil {
 		t.Fatalf("open %s in Chromium: %v", page, err)
@@ -142,6 +144,7 @@ func TestReportInABrowser(t *testing.T) {
 			loaded: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
 			phase: document.getElementById("phase").textContent,
 			samples: document.querySelectorAll("#samples .sample").length,
+			scores: [...document.querySelectorAll("#sample-scores tr")].map(tr => [...tr.cells].map(c => c.textContent).join(" ")),
 		};
 	})()`))
 	if err != nil {
@@ -167,6 +170,10 @@ func TestReportInABrowser(t *testing.T) {
 	}
 	if n := final.Samples.Count; seen.Samples != n || seen.Images != n || seen.Loaded != n {
 		t.Errorf("%d samples, %d images, %d loaded; want %d of each", seen.Samples, seen.Images, seen.Loaded, n)
+	}
+	// The simulated trainer's answers, scored as trainer/samples.py scores them.
+	if want := []string{"Model Exact match Word-overlap F1", "Base 0 0.5455", "Tuned 1 1"}; !slices.Equal(seen.Scores, want) {
+		t.Errorf("sample scores shown %q, want %q", seen.Scores, want)
 	}
 	if seen.Phase != string(runs.Succeeded) {
 		t.Errorf("phase shown %q", seen.Phase)

@@ -52,6 +52,9 @@ const (
 	// StateBucket holds the run records and cluster leases; no trigger
 	// listens to it.
 	StateBucket = "raydrop-state"
+	// DataBucket is the deployment's data bucket: a spec's dataset.source
+	// may name it (RAYDROP_DATA_BUCKETS), and no other.
+	DataBucket = "raydrop-local-data"
 	// BusName is the Eventarc Advanced message bus the functions publish
 	// their public events to as well (RAYDROP_EVENT_BUS).
 	BusName = "projects/" + Project + "/locations/us-central1/messageBuses/raydrop-events"
@@ -201,7 +204,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.GCS, err = s.Storage.NewClient(ctx); err != nil {
 		return nil, err
 	}
-	for _, b := range append([]string{IntakeBucket, StateBucket}, o.OutputBuckets...) {
+	for _, b := range append([]string{IntakeBucket, StateBucket, DataBucket}, o.OutputBuckets...) {
 		if err := s.GCS.Bucket(b).Create(ctx, Project, nil); err != nil && !strings.Contains(err.Error(), "409") {
 			return nil, fmt.Errorf("create bucket %s: %w", b, err)
 		}
@@ -397,7 +400,7 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
 		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
-		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_NAMESPACES="+Namespace,
+		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_DATA_BUCKETS="+DataBucket, "RAYDROP_NAMESPACES="+Namespace,
 		"RAYDROP_EVENT_BUS="+BusName, pipeline.PublishingEndpointEnv+"="+s.Bus.Addr())
 	door, err := s.openPubSubDoor(target)
 	if err != nil {
