@@ -280,19 +280,29 @@ def test_failed_run_writes_mark(ray_address, storage, assets):
     assert doc["checkpoints"] == [] and doc["latestCheckpoint"] is None and doc["finalMetrics"] == {}
 
 
-def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, storage, assets, tmp_path):
-    """A SIGTERM to the driver mid-epoch (a node's shutdown) gives the workers notice:
+def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, storage, assets):
+    """A SIGTERM to the driver mid-epoch (`ray job stop`) gives the workers notice:
     they finish the step, save a checkpoint of it through Ray Train and stop; the mark
-    says preempted, and the next attempt resumes from that checkpoint."""
+    says preempted, and the next attempt resumes from that checkpoint.
+
+    On GKE the driver runs in the head pod and shares no filesystem with the
+    GPU workers, so here it runs in its own mount namespace, where the folder
+    of the workers' notice file is a private tmpfs: whatever the driver writes
+    there, the workers never see."""
     import signal
     import time
 
-    notice_file = str(tmp_path / "notice")
-    argv_env = dict(os.environ, RAYDROP_NOTICE_FILE=notice_file)
+    private = os.path.dirname(os.environ["RAYDROP_NOTICE_FILE"])
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "probe", private],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace for the driver here: {probe.stderr.strip()}")
     # Long enough that the notice, not the step limit, ends it.
     long_run = 400
-    proc = start_trainer(ray_address, storage, "exp-p", assets, argv_env, run_id="test-notice",
-                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)])
+    proc = start_trainer(ray_address, storage, "exp-p", assets, dict(os.environ), run_id="test-notice",
+                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)],
+                         wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount -t tmpfs driver-only "$0" && exec "$@"', private])
     result_path = None
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
@@ -305,7 +315,12 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     with open(result_path) as f:
         seen_step = max(json.loads(line)["step"] for line in f if line.strip())
     os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail("the workers never got the driver's notice: " + out[-6000:])
     assert proc.returncode == 3, out[-6000:]
     assert "SIGTERM: gave the workers notice" in out
 
@@ -329,9 +344,9 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     assert mark(storage, "exp-q")["status"] == "succeeded"
 
 
-def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=()):
-    """run_trainer's command, started in the background with env."""
-    argv = trainer_argv(storage, experiment, assets, extra, run_id)
+def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=(), wrap=()):
+    """run_trainer's command, started in the background with env (run by wrap, if given)."""
+    argv = list(wrap) + trainer_argv(storage, experiment, assets, extra, run_id)
     env = dict(env, RAY_ADDRESS=ray_address)
     env.pop("PYTHONPATH", None)
     return subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
