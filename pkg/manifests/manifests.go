@@ -348,14 +348,25 @@ func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// StopWaitSeconds is how long `ray job stop` (a deleted RayJob, a
+// cancelled run) leaves the driver between its SIGTERM and a SIGKILL. Ray's
+// job supervisor waits RAY_JOB_STOP_WAIT_TIME_S, 3 s by default, read from
+// its own environment, which is the job's runtime env; on SIGTERM the driver
+// has the workers evaluate and save a checkpoint, then writes the mark
+// (trainer/notice.py, STOP_WAIT_S), which takes far longer than 3 s.
+const StopWaitSeconds = 120
+
 // RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
-// requirements, the single source of truth shared with its tests.
+// requirements, the single source of truth shared with its tests, and the
+// job supervisor's stop wait.
 func RuntimeEnvYAML() string {
 	var b strings.Builder
 	b.WriteString("pip:\n")
 	for _, r := range trainer.Requirements() {
 		b.WriteString("  - " + r + "\n")
 	}
+	b.WriteString("env_vars:\n")
+	b.WriteString(fmt.Sprintf("  RAY_JOB_STOP_WAIT_TIME_S: \"%d\"\n", StopWaitSeconds))
 	return b.String()
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -162,6 +163,22 @@ func TestMatchesTutorial(t *testing.T) {
 			t.Errorf("jobId = %v", get(t, got, "spec.jobId"))
 		}
 		deletePath(got, "spec.jobId")
+		// The same pip list; raydrop adds the job supervisor's stop wait, so
+		// that a stopped job's workers can save (TestRuntimeEnv).
+		var gotEnv, wantEnv struct {
+			Pip []string `json:"pip"`
+		}
+		if err := yaml.Unmarshal([]byte(get(t, got, "spec.runtimeEnvYAML").(string)), &gotEnv); err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal([]byte(get(t, want, "spec.runtimeEnvYAML").(string)), &wantEnv); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(gotEnv.Pip, wantEnv.Pip) {
+			t.Errorf("runtime env pip = %v, the tutorial's %v", gotEnv.Pip, wantEnv.Pip)
+		}
+		deletePath(got, "spec.runtimeEnvYAML")
+		deletePath(want, "spec.runtimeEnvYAML")
 		compare(t, got, want)
 	})
 }
@@ -257,21 +274,35 @@ func compare(t *testing.T, got, want map[string]any) {
 	t.Errorf("rendered object differs from the tutorial's:\n--- raydrop\n%s--- tutorial\n%s", g, w)
 }
 
-// TestRuntimeEnvFromRequirements checks that the RayJob's pip list is the
-// trainer's requirements file, line for line.
-func TestRuntimeEnvFromRequirements(t *testing.T) {
+// TestRuntimeEnv checks that the RayJob's pip list is the trainer's
+// requirements file, line for line, and that Ray's job supervisor gives a
+// stopped driver the time the trainer asks for to save (its default, 3 s,
+// kills the driver before the workers have saved).
+func TestRuntimeEnv(t *testing.T) {
 	reqs := trainer.Requirements()
 	if len(reqs) < 5 {
 		t.Fatalf("requirements: %v", reqs)
 	}
 	var env struct {
-		Pip []string `json:"pip"`
+		Pip     []string          `json:"pip"`
+		EnvVars map[string]string `json:"env_vars"`
 	}
 	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML()), &env); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(env.Pip, reqs) {
 		t.Errorf("runtime env pip = %v, requirements = %v", env.Pip, reqs)
+	}
+	wait := strconv.Itoa(manifests.StopWaitSeconds)
+	if env.EnvVars["RAY_JOB_STOP_WAIT_TIME_S"] != wait {
+		t.Errorf("runtime env RAY_JOB_STOP_WAIT_TIME_S = %q, want %s", env.EnvVars["RAY_JOB_STOP_WAIT_TIME_S"], wait)
+	}
+	py, err := os.ReadFile("../../trainer/notice.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(py), "\nSTOP_WAIT_S = "+wait+"\n") {
+		t.Errorf("trainer/notice.py's STOP_WAIT_S is not %s", wait)
 	}
 	for _, r := range reqs {
 		if !strings.Contains(r, "==") {
