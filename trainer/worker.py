@@ -74,14 +74,34 @@ def _make_callback_class():
             # A preemption notice (notice.py): save this step and stop.
             self.watch = watch
             self.preempted_at: Optional[int] = None
+            self.saved_step: Optional[int] = None
 
         def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps:
+                # The last step is done: the run ends here with its own save,
+                # so a notice now changes nothing, and is not looked for (every
+                # rank skips the all-reduce at the same step).
+                control.should_log = True
+                return control
             if self.watch is not None and self.preempted_at is None and self.watch.due():
                 self.preempted_at = state.global_step
                 control.should_save = True
                 control.should_training_stop = True
+                # Logged now, every rank's loss since the last log goes into
+                # the all-ranks mean; otherwise transformers adds rank 0's own
+                # remainder to train_loss.
+                control.should_log = True
                 if state.is_world_process_zero:
                     log.warning("preemption notice after step %d: saving a checkpoint and stopping", state.global_step)
+            return control
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            # DefaultFlowCallback (which runs first) asks for a save at every
+            # epoch's end with save_strategy "epoch", also when the loop left
+            # the epoch early on a notice and has just saved this very step:
+            # a second evaluation and upload inside the preStop hook's grace.
+            if control.should_save and self.saved_step == state.global_step:
+                control.should_save = False
             return control
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
@@ -129,6 +149,7 @@ def _make_callback_class():
                 self._report(self.metrics)
 
         def on_save(self, args, state, control, **kwargs):
+            self.saved_step = state.global_step
             src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             metrics = {**self.metrics, "step": state.global_step, "epoch": state.epoch}
             if self.evaluate is not None:
