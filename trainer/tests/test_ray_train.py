@@ -108,9 +108,15 @@ def run_b(ray_address, storage, assets, run_a):
 
 @pytest.fixture(scope="module")
 def run_c(ray_address, storage, assets, run_b):
-    """The third attempt, on the same nodes (the second's copy of its checkpoint
-    is still there), from the second's newest."""
-    return resume_attempt(ray_address, storage, assets, "exp-b", "checkpoint_000001", "exp-c", STEPS + 8)
+    """The third attempt, on the same nodes, from the second's newest; its last
+    step (an odd one) is not a logging step."""
+    return resume_attempt(ray_address, storage, assets, "exp-b", "checkpoint_000001", "exp-c", STEPS + 9)
+
+
+def resume_copies():
+    """The checkpoint copies left on the (one) node's scratch volume."""
+    cache = os.path.join(os.environ["RAYDROP_SCRATCH"], "raydrop-resume")
+    return os.listdir(cache) if os.path.isdir(cache) else []
 
 
 def test_layout_is_ray_train_v1(run_a, storage):
@@ -245,6 +251,7 @@ def test_resume_continues_from_saved_step(run_b, storage):
     doc = mark(storage, "exp-b")
     assert doc["status"] == "succeeded"
     assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS * 2, STEPS + 4]
+    assert resume_copies() == []  # the copy it trained from is gone once loaded
 
 
 def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
@@ -254,8 +261,41 @@ def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
     _, rows = results(storage, "exp-c")
     assert rows[0]["resumed_from_step"] == newest_b, rows[0]
     assert rows[0]["resumed_optimizer_step"] == newest_b
-    assert rows[-1]["global_step"] == STEPS + 8 and rows[-1]["train_steps"] == 4
+    assert rows[-1]["global_step"] == STEPS + 9 and rows[-1]["train_steps"] == 5
     assert mark(storage, "exp-c")["status"] == "succeeded"
+    assert resume_copies() == []
+
+
+def test_train_loss_is_the_mean_over_all_ranks(run_c, storage):
+    """The last step is logged even off the logging interval, so train_loss is
+    the mean of the logged losses (each the mean over both ranks), not one
+    with rank 0's own loss for the steps after the last log."""
+    _, rows = results(storage, "exp-c")
+    logged = {r["step"]: r["loss"] for r in rows[:-1] if "loss" in r}
+    assert sorted(logged) == [STEPS + 6, STEPS + 8, STEPS + 9], sorted(logged)
+    start = STEPS + 4
+    total, prev = 0.0, start
+    for step in sorted(logged):
+        total += logged[step] * (step - prev)  # each log is the mean step loss since the previous one
+        prev = step
+    assert rows[-1]["train_loss"] == pytest.approx(total / (STEPS + 9 - start), rel=1e-3)
+
+
+def test_resuming_a_copy_that_is_not_the_recorded_checkpoint_fails(ray_address, storage, assets, run_a, tmp_path):
+    """The step the attempt resumes at must be the one Ray Train recorded for the
+    checkpoint it was told to resume from, not merely the copy's own."""
+    trial, _ = results(storage, "exp-a")
+    wrong = tmp_path / os.path.basename(trial)
+    shutil.copytree(trial, wrong)
+    # The folder recorded as checkpoint_000000 (step 12) holds step 24's files.
+    shutil.rmtree(wrong / "checkpoint_000000")
+    shutil.copytree(wrong / "checkpoint_000001", wrong / "checkpoint_000000")
+    proc = run_trainer(ray_address, storage, "exp-wrong", assets, run_id="test-wrong",
+                       extra=["--resume-from", "file://" + str(wrong / "checkpoint_000000"),
+                              "--max-steps", str(STEPS + 2)])
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    error = mark(storage, "exp-wrong")["error"]
+    assert f"resumed at step {STEPS}" in error and f"at step {SAVE_STEPS}" in error, error
 
 
 def test_too_many_long_rows_fail_before_training(ray_address, storage, assets):
