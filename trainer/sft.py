@@ -116,14 +116,15 @@ def _make_trainer_class(base=None):
             self.model_accepts_loss_kwargs = False
             self._rd_stats = None  # token counters of this worker, see _rd_add
 
-        def _rd_add(self, tokens, correct, targets):
+        def _rd_add(self, tokens, correct, targets: int):
             if self._rd_stats is None:
                 # [input tokens, loss tokens] cumulative; [correct, loss tokens] since the last log
                 self._rd_stats = torch.zeros(4, dtype=torch.long, device=tokens.device)
-            targets = targets.detach().to(self._rd_stats.device)
-            self._rd_stats += torch.stack(
-                [tokens.detach(), targets, correct.detach().to(self._rd_stats.device), targets]
-            )
+            self._rd_stats[0].add_(tokens.detach())
+            self._rd_stats[2].add_(correct.detach())
+            # A host int added in place: no tensor is built from it on the host
+            # and copied over, which would wait for the device.
+            self._rd_stats[1::2].add_(targets)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels = inputs.pop("labels")
@@ -137,7 +138,8 @@ def _make_trainer_class(base=None):
             with head_at(head, positions):
                 outputs = model(**inputs)
             loss_sum, correct = selected_token_losses(outputs.logits, targets)
-            count = torch.tensor(targets.shape[0], dtype=torch.long, device=loss_sum.device)
+            # The collator's count, known on the host from the index's shape.
+            count = targets.shape[0]
             if num_items_in_batch is not None:
                 denom = num_items_in_batch
                 if torch.is_tensor(denom):
@@ -147,7 +149,7 @@ def _make_trainer_class(base=None):
                     loss = loss * self.accelerator.num_processes
             else:
                 # No step-wide count: a per-micro-batch mean, averaged over the accumulation.
-                loss = loss_sum / count.clamp(min=1) / self.args.gradient_accumulation_steps
+                loss = loss_sum / max(count, 1) / self.args.gradient_accumulation_steps
             if model.training:
                 self._rd_add(inputs["attention_mask"].sum(), correct, count)
             return (loss, outputs) if return_outputs else loss
@@ -180,8 +182,8 @@ def _make_trainer_class(base=None):
                     with head_at(head, positions):
                         logits = model(**batch).logits
                     loss_sum, _ = selected_token_losses(logits, targets)
-                    totals += torch.stack([loss_sum.double(), torch.tensor(float(targets.shape[0]), dtype=torch.float64,
-                                                                           device=totals.device)])
+                    totals[0].add_(loss_sum.double())
+                    totals[1].add_(targets.shape[0])
             if self.accelerator.num_processes > 1:
                 totals = self.accelerator.reduce(totals, reduction="sum")
             model.train(was_training)

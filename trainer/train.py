@@ -45,12 +45,18 @@ def run(args) -> int:
     # ray.init() installs a SIGTERM handler that exits at once; the notice
     # handler replaces it, so a SIGTERM saves a checkpoint first.
     ray.init()
-    notice.on_sigterm(_log)
+    sigterm = notice.OnSigterm(notice.new_key(), _log)
+    stop_wait = os.environ.get(notice.STOP_WAIT_ENV)
+    if stop_wait is None or not stop_wait.isdigit() or int(stop_wait) < notice.STOP_WAIT_S:
+        _log(f"{notice.STOP_WAIT_ENV}={stop_wait}: `ray job stop` may kill this driver before the workers "
+             f"have saved on its SIGTERM (the pipeline sets {notice.STOP_WAIT_S})")
 
     storage_path = result.normalize_storage_path(args.storage_path)
     config = dict(vars(args))
     config["storage_path"] = storage_path
-    config["notice_file"] = notice.path()  # every pod has the same; the workers look there
+    # The driver's SIGTERM reaches the workers through Ray's store under this
+    # key; each worker pod's own notice file is where its environment says.
+    config["notice_key"] = sigterm.key
 
     scaling = ScalingConfig(
         num_workers=args.num_workers,
@@ -90,6 +96,7 @@ def run(args) -> int:
         where = result.write(storage_path, args.experiment_name, doc)
         _log(f"{status}; wrote {where}")
         _announce(args, where)
+        notice.remove(sigterm.key)
     return {"succeeded": 0, "preempted": 3}.get(status, 1)
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 from typing import Any, Dict, Optional
@@ -74,14 +75,34 @@ def _make_callback_class():
             # A preemption notice (notice.py): save this step and stop.
             self.watch = watch
             self.preempted_at: Optional[int] = None
+            self.saved_step: Optional[int] = None
 
         def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps:
+                # The last step is done: the run ends here with its own save,
+                # so a notice now changes nothing, and is not looked for (every
+                # rank skips the all-reduce at the same step).
+                control.should_log = True
+                return control
             if self.watch is not None and self.preempted_at is None and self.watch.due():
                 self.preempted_at = state.global_step
                 control.should_save = True
                 control.should_training_stop = True
+                # Logged now, every rank's loss since the last log goes into
+                # the all-ranks mean; otherwise transformers adds rank 0's own
+                # remainder to train_loss.
+                control.should_log = True
                 if state.is_world_process_zero:
                     log.warning("preemption notice after step %d: saving a checkpoint and stopping", state.global_step)
+            return control
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            # DefaultFlowCallback (which runs first) asks for a save at every
+            # epoch's end with save_strategy "epoch", also when the loop left
+            # the epoch early on a notice and has just saved this very step:
+            # a second evaluation and upload inside the preStop hook's grace.
+            if control.should_save and self.saved_step == state.global_step:
+                control.should_save = False
             return control
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
@@ -95,7 +116,9 @@ def _make_callback_class():
         def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
             if self.resume_step is not None and state.global_step != self.resume_step:
                 raise RuntimeError(
-                    f"resumed at step {state.global_step}, but the checkpoint was saved at step {self.resume_step}"
+                    f"resumed at step {state.global_step} (the copied checkpoint's {TRAINER_STATE}), but Ray Train "
+                    f"reported the checkpoint this attempt was told to resume from at step {self.resume_step}: "
+                    "the copy is not that checkpoint"
                 )
             self.start_step = state.global_step
             if state.global_step > 0:
@@ -129,6 +152,7 @@ def _make_callback_class():
                 self._report(self.metrics)
 
         def on_save(self, args, state, control, **kwargs):
+            self.saved_step = state.global_step
             src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             metrics = {**self.metrics, "step": state.global_step, "epoch": state.epoch}
             if self.evaluate is not None:
@@ -160,10 +184,32 @@ def resolve_checkpoint_dir(path: str) -> str:
     raise FileNotFoundError(f"no {TRAINER_STATE} in {path} or {os.path.join(path, CHECKPOINT_SUBDIR)}")
 
 
-def saved_step(hf_dir: str) -> int:
-    """The global step a checkpoint folder was saved at (its trainer_state.json)."""
-    with open(os.path.join(hf_dir, TRAINER_STATE), encoding="utf-8") as f:
-        return int(json.load(f)["global_step"])
+def recorded_step(uri: str) -> Optional[int]:
+    """The step Ray Train recorded for a checkpoint when it was reported: the
+    last line of its trial's result.json that names it, the record the
+    pipeline picked the checkpoint from. None when there is no such record (a
+    folder that is not in a Ray Train trial)."""
+    import result
+
+    path = uri.rstrip("/")
+    if posixpath.basename(path) == CHECKPOINT_SUBDIR:
+        path = posixpath.dirname(path)
+    name, trial = posixpath.basename(path), posixpath.dirname(path)
+    try:
+        fs, base = result.filesystem(trial if result.is_uri(trial) else os.path.abspath(trial))
+        with fs.open_input_stream(posixpath.join(base, "result.json")) as f:
+            text = f.read().decode("utf-8")
+    except (OSError, ValueError):
+        return None
+    step = None
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if row.get("checkpoint_dir_name") == name and row.get("step") is not None:
+            step = int(row["step"])
+    return step
 
 
 def resume_cache_dir(uri: str, root: str) -> str:
@@ -182,6 +228,7 @@ def fetch_checkpoint(uri: str, root: str) -> str:
     import ray.train
 
     dest = resume_cache_dir(uri, root)
+    clean_resume_cache(root, keep=dest)
     marker = os.path.join(dest, ".complete")
     if not os.path.exists(marker):
         shutil.rmtree(dest, ignore_errors=True)  # an interrupted copy
@@ -190,6 +237,22 @@ def fetch_checkpoint(uri: str, root: str) -> str:
         with open(marker, "w", encoding="utf-8") as f:
             f.write(uri + "\n")
     return resolve_checkpoint_dir(dest)
+
+
+def clean_resume_cache(root: str, keep: Optional[str] = None) -> None:
+    """Remove the node's copies of checkpoints (all but keep): each is as large
+    as a checkpoint (about 8.5 GB with the tutorial's trainable embeddings), and
+    once an attempt has loaded its own, no later attempt resumes from a copy
+    made for another URI."""
+    cache = os.path.join(root, "raydrop-resume")
+    try:
+        entries = os.listdir(cache)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        path = os.path.join(cache, entry)
+        if keep is None or os.path.abspath(path) != os.path.abspath(keep):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def check_dropped(rows: int, dropped: int, max_length: int, max_share: float, longest: int) -> None:
@@ -246,6 +309,10 @@ def sft_config_kwargs(args: argparse.Namespace, output_dir: str) -> Dict[str, An
         ddp_find_unused_parameters=False,
         dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=use_gpu,
+        # accelerate copies each batch to the GPU with non_blocking=False unless
+        # told otherwise: a wait for the device per micro-batch. From pinned
+        # memory the copy is queued on the stream like a kernel, same results.
+        accelerator_config={"non_blocking": use_gpu},
         dataloader_persistent_workers=args.dataloader_num_workers > 0,
     )
 
@@ -301,7 +368,14 @@ def train_func(config: Dict[str, Any]) -> None:
         model = modeling.load_model(args.model_id, args.quantization, args.attention, args.use_gpu, device)
         if args.resume_from:
             resume_dir = fetch_checkpoint(args.resume_from, scratch)
-    resume_step = saved_step(resume_dir) if resume_dir else None
+    resume_step = None
+    if resume_dir:
+        # The step the pipeline expects: what Ray Train recorded for the
+        # checkpoint it was told to resume from, not the copy's own
+        # trainer_state.json (the Trainer restores exactly that one).
+        resume_step = recorded_step(args.resume_from)
+        if resume_step is None and rank == 0:
+            log.warning("no Ray Train record of %s: the resumed step cannot be checked", args.resume_from)
 
     collator = data.Collator(processor, completion_only=args.completion_only_loss,
                              pad_to_multiple_of=8 if args.use_gpu else None, fmt=fmt)
@@ -320,7 +394,7 @@ def train_func(config: Dict[str, Any]) -> None:
     )
     callback = _make_callback_class()(
         data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None,
-        watch=notice.Watch(getattr(args, "notice_file", None), device))
+        watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None))
     trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -328,6 +402,11 @@ def train_func(config: Dict[str, Any]) -> None:
         log.info("trainable parameters: %d of %d", trainable, total)
     trainer.train(resume_from_checkpoint=resume_dir)
     shutil.rmtree(output_dir, ignore_errors=True)
+    # Every rank on the node has loaded the resumed checkpoint by now; its copy
+    # (and any earlier attempt's) only fills the node's disk.
+    trainer.accelerator.wait_for_everyone()
+    if training_args.local_process_index == 0:
+        clean_resume_cache(scratch)
     if callback.preempted_at is not None:
         return  # the grace period is short: the checkpoint is saved, the rest waits for the next attempt
     if rank == 0 and args.sample_answers > 0 and eval_dataset is not None:

@@ -359,6 +359,14 @@ func ShellQuote(s string) string {
 // reads it. The trainer reads it as the default of --dataset-format.
 const DatasetFormatEnv = "RAYDROP_DATASET_FORMAT"
 
+// StopWaitSeconds is how long `ray job stop` (a deleted RayJob, a
+// cancelled run) leaves the driver between its SIGTERM and a SIGKILL. Ray's
+// job supervisor waits RAY_JOB_STOP_WAIT_TIME_S, 3 s by default, read from
+// its own environment, which is the job's runtime env; on SIGTERM the driver
+// has the workers evaluate and save a checkpoint, then writes the mark
+// (trainer/notice.py, STOP_WAIT_S), which takes far longer than 3 s.
+const StopWaitSeconds = 120
+
 // DatasetFormat is what DatasetFormatEnv holds: the dataset section's format
 // fields, as JSON.
 func DatasetFormat(s *spec.JobSpec) string {
@@ -376,13 +384,16 @@ func DatasetFormat(s *spec.JobSpec) string {
 }
 
 // RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
-// requirements, the single source of truth shared with its tests, and the
-// dataset format.
+// requirements, the single source of truth shared with its tests, the job
+// supervisor's stop wait and the dataset format.
 func RuntimeEnvYAML(s *spec.JobSpec) string {
 	b, err := yaml.Marshal(struct {
 		Pip     []string          `json:"pip"`
 		EnvVars map[string]string `json:"env_vars"`
-	}{trainer.Requirements(), map[string]string{DatasetFormatEnv: DatasetFormat(s)}})
+	}{trainer.Requirements(), map[string]string{
+		"RAY_JOB_STOP_WAIT_TIME_S": strconv.Itoa(StopWaitSeconds),
+		DatasetFormatEnv:           DatasetFormat(s),
+	}})
 	if err != nil {
 		panic(err) // strings always marshal
 	}

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -164,17 +165,18 @@ func TestMatchesTutorial(t *testing.T) {
 			t.Errorf("jobId = %v", get(t, got, "spec.jobId"))
 		}
 		deletePath(got, "spec.jobId")
-		// The runtime env adds the dataset format as a variable (free text
-		// travels as data, never through the entrypoint's shell); its pip
-		// list is the tutorial's.
+		// The runtime env adds the job supervisor's stop wait (so that a
+		// stopped job's workers can save, TestRuntimeEnv) and the dataset
+		// format (free text travels as data, never through the entrypoint's
+		// shell); its pip list is the tutorial's.
 		var gotEnv, wantEnv map[string]any
 		for yml, into := range map[string]*map[string]any{get(t, got, "spec.runtimeEnvYAML").(string): &gotEnv, get(t, want, "spec.runtimeEnvYAML").(string): &wantEnv} {
 			if err := yaml.Unmarshal([]byte(yml), into); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 1 || vars[manifests.DatasetFormatEnv] == nil {
-			t.Errorf("runtime env variables = %v, want only %s", gotEnv["env_vars"], manifests.DatasetFormatEnv)
+		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 2 || vars[manifests.DatasetFormatEnv] == nil || vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil {
+			t.Errorf("runtime env variables = %v, want only %s and RAY_JOB_STOP_WAIT_TIME_S", gotEnv["env_vars"], manifests.DatasetFormatEnv)
 		}
 		delete(gotEnv, "env_vars")
 		if !reflect.DeepEqual(gotEnv, wantEnv) {
@@ -277,21 +279,35 @@ func compare(t *testing.T, got, want map[string]any) {
 	t.Errorf("rendered object differs from the tutorial's:\n--- raydrop\n%s--- tutorial\n%s", g, w)
 }
 
-// TestRuntimeEnvFromRequirements checks that the RayJob's pip list is the
-// trainer's requirements file, line for line.
-func TestRuntimeEnvFromRequirements(t *testing.T) {
+// TestRuntimeEnv checks that the RayJob's pip list is the trainer's
+// requirements file, line for line, and that Ray's job supervisor gives a
+// stopped driver the time the trainer asks for to save (its default, 3 s,
+// kills the driver before the workers have saved).
+func TestRuntimeEnv(t *testing.T) {
 	reqs := trainer.Requirements()
 	if len(reqs) < 5 {
 		t.Fatalf("requirements: %v", reqs)
 	}
 	var env struct {
-		Pip []string `json:"pip"`
+		Pip     []string          `json:"pip"`
+		EnvVars map[string]string `json:"env_vars"`
 	}
 	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(exampleSpec(t))), &env); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(env.Pip, reqs) {
 		t.Errorf("runtime env pip = %v, requirements = %v", env.Pip, reqs)
+	}
+	wait := strconv.Itoa(manifests.StopWaitSeconds)
+	if env.EnvVars["RAY_JOB_STOP_WAIT_TIME_S"] != wait {
+		t.Errorf("runtime env RAY_JOB_STOP_WAIT_TIME_S = %q, want %s", env.EnvVars["RAY_JOB_STOP_WAIT_TIME_S"], wait)
+	}
+	py, err := os.ReadFile("../../trainer/notice.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(py), "\nSTOP_WAIT_S = "+wait+"\n") {
+		t.Errorf("trainer/notice.py's STOP_WAIT_S is not %s", wait)
 	}
 	for _, r := range reqs {
 		if !strings.Contains(r, "==") {

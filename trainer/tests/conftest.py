@@ -71,6 +71,9 @@ def ray_address(tmp_path_factory):
     # The workers' node-local copies (resumed checkpoints) go where the pods'
     # local SSD would be: here, a folder removed with the cluster.
     os.environ["RAYDROP_SCRATCH"] = tempfile.mkdtemp(prefix="scratch-", dir=temp_dir)
+    # Where the workers look for a worker pod's notice file: this cluster's
+    # own, not the machine-wide default another test run could touch.
+    os.environ["RAYDROP_NOTICE_FILE"] = os.path.join(tempfile.mkdtemp(prefix="notice-", dir=temp_dir), "notice")
     ctx = ray.init(
         num_cpus=4,
         include_dashboard=False,

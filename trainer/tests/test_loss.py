@@ -111,3 +111,46 @@ def test_lm_head_at_labelled_positions_only(assets, processor, four_rows):
         torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-6)
     # Outside the context the head is whole again.
     assert model(**batch).logits.shape[:2] == batch["input_ids"].shape
+
+
+def test_the_loss_reads_nothing_back_and_builds_no_tensor_from_host_values(assets, processor, four_rows, tmp_path):
+    """On a GPU, a tensor built from a host value (torch.tensor(n, device=cuda))
+    and a value read back (.item(), a boolean mask) each wait for the device;
+    compute_loss runs once per micro-batch, so around the model's own forward it
+    must do neither. Recorded here on CPU as the operators dispatched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = modeling.load_model(assets["model"], "none", "sdpa", use_gpu=False)
+    trainer = sft.trainer_class()(
+        model=model, args=worker.sft_config(_args(tmp_path), str(tmp_path)), train_dataset=four_rows,
+        processing_class=processor, data_collator=data.Collator(processor),
+        peft_config=modeling.lora_config(8, 16, 0.0),
+    )
+    batch = trainer._prepare_inputs(data.Collator(processor)([four_rows[i] for i in range(2)]))
+    inside = []
+    trainer.model.register_forward_pre_hook(lambda *a: inside.append(1) and None)
+    trainer.model.register_forward_hook(lambda *a: inside.pop() and None)
+    syncing = {"aten::lift_fresh", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not inside and func._schema.name in syncing:
+                seen.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    trainer.model.train()
+    step_count = torch.tensor(100)  # the Trainer's all-reduced count, already a tensor
+    with Record():
+        for num_items in (step_count, None):
+            trainer.compute_loss(trainer.model, dict(batch), num_items_in_batch=num_items)
+    assert seen == [], seen
+
+
+def test_batches_go_to_the_gpu_without_waiting():
+    args = argparse.Namespace(**vars(_args(None)), lora_r=8)
+    args.use_gpu = True
+    assert worker.sft_config_kwargs(args, "/tmp/x")["accelerator_config"] == {"non_blocking": True}
+    args.use_gpu = False
+    assert worker.sft_config_kwargs(args, "/tmp/x")["accelerator_config"] == {"non_blocking": False}

@@ -108,9 +108,15 @@ def run_b(ray_address, storage, assets, run_a):
 
 @pytest.fixture(scope="module")
 def run_c(ray_address, storage, assets, run_b):
-    """The third attempt, on the same nodes (the second's copy of its checkpoint
-    is still there), from the second's newest."""
-    return resume_attempt(ray_address, storage, assets, "exp-b", "checkpoint_000001", "exp-c", STEPS + 8)
+    """The third attempt, on the same nodes, from the second's newest; its last
+    step (an odd one) is not a logging step."""
+    return resume_attempt(ray_address, storage, assets, "exp-b", "checkpoint_000001", "exp-c", STEPS + 9)
+
+
+def resume_copies():
+    """The checkpoint copies left on the (one) node's scratch volume."""
+    cache = os.path.join(os.environ["RAYDROP_SCRATCH"], "raydrop-resume")
+    return os.listdir(cache) if os.path.isdir(cache) else []
 
 
 def test_layout_is_ray_train_v1(run_a, storage):
@@ -245,6 +251,7 @@ def test_resume_continues_from_saved_step(run_b, storage):
     doc = mark(storage, "exp-b")
     assert doc["status"] == "succeeded"
     assert [c["step"] for c in doc["checkpoints"]] == [SAVE_STEPS * 2, STEPS + 4]
+    assert resume_copies() == []  # the copy it trained from is gone once loaded
 
 
 def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
@@ -254,8 +261,41 @@ def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
     _, rows = results(storage, "exp-c")
     assert rows[0]["resumed_from_step"] == newest_b, rows[0]
     assert rows[0]["resumed_optimizer_step"] == newest_b
-    assert rows[-1]["global_step"] == STEPS + 8 and rows[-1]["train_steps"] == 4
+    assert rows[-1]["global_step"] == STEPS + 9 and rows[-1]["train_steps"] == 5
     assert mark(storage, "exp-c")["status"] == "succeeded"
+    assert resume_copies() == []
+
+
+def test_train_loss_is_the_mean_over_all_ranks(run_c, storage):
+    """The last step is logged even off the logging interval, so train_loss is
+    the mean of the logged losses (each the mean over both ranks), not one
+    with rank 0's own loss for the steps after the last log."""
+    _, rows = results(storage, "exp-c")
+    logged = {r["step"]: r["loss"] for r in rows[:-1] if "loss" in r}
+    assert sorted(logged) == [STEPS + 6, STEPS + 8, STEPS + 9], sorted(logged)
+    start = STEPS + 4
+    total, prev = 0.0, start
+    for step in sorted(logged):
+        total += logged[step] * (step - prev)  # each log is the mean step loss since the previous one
+        prev = step
+    assert rows[-1]["train_loss"] == pytest.approx(total / (STEPS + 9 - start), rel=1e-3)
+
+
+def test_resuming_a_copy_that_is_not_the_recorded_checkpoint_fails(ray_address, storage, assets, run_a, tmp_path):
+    """The step the attempt resumes at must be the one Ray Train recorded for the
+    checkpoint it was told to resume from, not merely the copy's own."""
+    trial, _ = results(storage, "exp-a")
+    wrong = tmp_path / os.path.basename(trial)
+    shutil.copytree(trial, wrong)
+    # The folder recorded as checkpoint_000000 (step 12) holds step 24's files.
+    shutil.rmtree(wrong / "checkpoint_000000")
+    shutil.copytree(wrong / "checkpoint_000001", wrong / "checkpoint_000000")
+    proc = run_trainer(ray_address, storage, "exp-wrong", assets, run_id="test-wrong",
+                       extra=["--resume-from", "file://" + str(wrong / "checkpoint_000000"),
+                              "--max-steps", str(STEPS + 2)])
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    error = mark(storage, "exp-wrong")["error"]
+    assert f"resumed at step {STEPS}" in error and f"at step {SAVE_STEPS}" in error, error
 
 
 def test_too_many_long_rows_fail_before_training(ray_address, storage, assets):
@@ -280,19 +320,29 @@ def test_failed_run_writes_mark(ray_address, storage, assets):
     assert doc["checkpoints"] == [] and doc["latestCheckpoint"] is None and doc["finalMetrics"] == {}
 
 
-def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, storage, assets, tmp_path):
-    """A SIGTERM to the driver mid-epoch (a node's shutdown) gives the workers notice:
+def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, storage, assets):
+    """A SIGTERM to the driver mid-epoch (`ray job stop`) gives the workers notice:
     they finish the step, save a checkpoint of it through Ray Train and stop; the mark
-    says preempted, and the next attempt resumes from that checkpoint."""
+    says preempted, and the next attempt resumes from that checkpoint.
+
+    On GKE the driver runs in the head pod and shares no filesystem with the
+    GPU workers, so here it runs in its own mount namespace, where the folder
+    of the workers' notice file is a private tmpfs: whatever the driver writes
+    there, the workers never see."""
     import signal
     import time
 
-    notice_file = str(tmp_path / "notice")
-    argv_env = dict(os.environ, RAYDROP_NOTICE_FILE=notice_file)
+    private = os.path.dirname(os.environ["RAYDROP_NOTICE_FILE"])
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "probe", private],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace for the driver here: {probe.stderr.strip()}")
     # Long enough that the notice, not the step limit, ends it.
     long_run = 400
-    proc = start_trainer(ray_address, storage, "exp-p", assets, argv_env, run_id="test-notice",
-                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)])
+    proc = start_trainer(ray_address, storage, "exp-p", assets, dict(os.environ), run_id="test-notice",
+                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)],
+                         wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount -t tmpfs driver-only "$0" && exec "$@"', private])
     result_path = None
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
@@ -305,7 +355,12 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     with open(result_path) as f:
         seen_step = max(json.loads(line)["step"] for line in f if line.strip())
     os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail("the workers never got the driver's notice: " + out[-6000:])
     assert proc.returncode == 3, out[-6000:]
     assert "SIGTERM: gave the workers notice" in out
 
@@ -329,9 +384,9 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
     assert mark(storage, "exp-q")["status"] == "succeeded"
 
 
-def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=()):
-    """run_trainer's command, started in the background with env."""
-    argv = trainer_argv(storage, experiment, assets, extra, run_id)
+def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=(), wrap=()):
+    """run_trainer's command, started in the background with env (run by wrap, if given)."""
+    argv = list(wrap) + trainer_argv(storage, experiment, assets, extra, run_id)
     env = dict(env, RAY_ADDRESS=ray_address)
     env.pop("PYTHONPATH", None)
     return subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
