@@ -174,13 +174,19 @@ def test_sample_answers_by_rank_0(run_a, storage):
     # --sample-answers 8 of the one held-out row.
     assert doc["count"] == 1 and len(doc["samples"]) == 1 and doc["seconds"] > 0
     (s,) = doc["samples"]
-    for key in ("productName", "category", "prompt", "image", "reference", "base", "tuned"):
+    for key in ("prompt", "reference", "base", "tuned"):
         assert isinstance(s[key], str), (key, s)
     assert s["prompt"].endswith("<start_of_turn>model\n") and s["reference"] in [d for _, d in tiny.CATEGORIES.values()]
-    assert sorted(os.listdir(folder)) == ["sample-00.png", "samples.json"]
+    assert "<PRODUCT>" in s["prompt"]  # the tutorial's prompt, from the template's defaults
+    assert s["images"] == ["sample-00-0.png"]
+    assert sorted(os.listdir(folder)) == ["sample-00-0.png", "samples.json"]
+    for model in ("base", "tuned"):
+        score = doc["scores"][model]
+        assert score["exactMatch"] == (1.0 if s[model] == s["reference"] else 0.0)
+        assert 0.0 <= score["tokenF1"] <= 1.0
     from PIL import Image
 
-    assert Image.open(os.path.join(folder, s["image"])).size == (48, 40)
+    assert Image.open(os.path.join(folder, s["images"][0])).size == (48, 40)
     assert (run_a.stdout + run_a.stderr).count("wrote 1 sample answers") == 1  # rank 0 only
     assert mark(storage, "exp-a")["samples"] == {
         "uri": os.path.join(storage, "exp-a", "samples", "samples.json"), "count": 1, "seconds": doc["seconds"]}
@@ -390,3 +396,26 @@ def start_trainer(ray_address, storage, experiment, assets, env, run_id, extra=(
     env = dict(env, RAY_ADDRESS=ray_address)
     env.pop("PYTHONPATH", None)
     return subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_messages_with_zero_one_and_two_images_from_a_file_uri(ray_address, storage, assets, tmp_path):
+    """The messages format (0, 1 and 2 images a row, several turns) read from a
+    file:// folder of JSON Lines, trained and answered under Ray Train; the
+    format arrives through the environment variable the pipeline sets."""
+    folder = tiny.write_messages_jsonl(str(tmp_path / "conv"), n=12)
+    env_format = json.dumps({"format": "messages"})
+    argv = trainer_argv(storage, "exp-msg", {**assets, "dataset": "file://" + folder},
+                        ["--max-steps", "4", "--save-steps", "4", "--sample-answers", "3", "--eval-share", "0.25"], None)
+    env = dict(os.environ, RAY_ADDRESS=ray_address, RAYDROP_DATASET_FORMAT=env_format)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    doc = mark(storage, "exp-msg")
+    assert doc["status"] == "succeeded" and len(doc["checkpoints"]) == 1
+    with open(os.path.join(storage, "exp-msg", "samples", "samples.json")) as f:
+        samples = json.load(f)
+    assert samples["count"] == 3
+    # Every held-out row's images were written, however many it had.
+    assert sum(len(s["images"]) for s in samples["samples"]) == len(
+        [n for n in os.listdir(os.path.join(storage, "exp-msg", "samples")) if n.endswith(".png")])
+    assert all(s["prompt"].endswith("<start_of_turn>model\n") for s in samples["samples"])
