@@ -107,6 +107,7 @@ BENCH_FLAGS ?=
 bench: tools ## Benchmarks that print figures: Go micro-benchmarks, then the control plane on the local cloud (JSON in .build/bench.json)
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
 	cd infra/localcloud && $(GO) run ./cmd/bench -json $(CURDIR)/.build/bench.json $(BENCH_FLAGS)
+	$(MAKE) --no-print-directory datacheck-bench
 
 .PHONY: schema
 schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)

@@ -84,6 +84,11 @@ $(GEMMA3_TOKENIZER)/.complete:
 trainer-bench: trainer-venv ## GPU benchmark: tokens/s and MFU, tutorial setup vs raydrop default (needs one CUDA GPU)
 	cd $(TRAINER_DIR) && PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python bench/bench.py $(TRAINER_BENCH_ARGS)
 
+.PHONY: datacheck-bench
+datacheck-bench: trainer-venv gemma3-tokenizer ## Data-check throughput (rows/s per core) on JPEG rows with Gemma 3's tokenizer
+	cd $(TRAINER_DIR) && RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER) PYTHONDONTWRITEBYTECODE=1 \
+		$(TRAINER_VENV)/bin/python bench/datacheck_bench.py $(DATACHECK_BENCH_ARGS)
+
 trainer-bench-wheels: trainer-venv ## Download the pinned transformers/trl/peft/accelerate wheels (--no-deps) for an offline GPU machine
 	@set -eu; \
 	dir='$(TRAINER_BENCH_WHEELS)'; \
