@@ -29,6 +29,7 @@ import (
 	"github.com/raydrop/raydrop/functions/provision"
 	"github.com/raydrop/raydrop/functions/submit"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -1053,5 +1054,105 @@ func TestMarkNoticeFinishesTheRun(t *testing.T) {
 	notify("OBJECT_FINALIZE", names.MarkNotice(runID, 1))
 	if r := w.record(runID); r.Phase != runs.Succeeded || w.count("succeeded") != 1 {
 		t.Errorf("phase %s, succeeded events %d, want SUCCEEDED after the notice alone", r.Phase, w.count("succeeded"))
+	}
+}
+
+// lastEvent is the last public event of a run.
+func (w *world) lastEvent(runID string) event.Event {
+	w.t.Helper()
+	es := w.eventsOf(runID)
+	if len(es) == 0 {
+		w.t.Fatalf("run %s announced nothing", runID)
+	}
+	return es[len(es)-1]
+}
+
+// checkedExample is the example spec with the data check asked for.
+func checkedExample(t *testing.T) string {
+	body := strings.Replace(example(t), `"cluster": {`, `"dataset": {"check": true}, "cluster": {`, 1)
+	if body == example(t) {
+		t.Fatal("the example has no cluster to put the dataset before")
+	}
+	return body
+}
+
+// TestDataCheckBeforeAnyWorker: a spec asking for the data check runs it on
+// the head with the worker group at zero; the workers are asked for only
+// once it passes, and its figures reach the record and the events.
+func TestDataCheckBeforeAnyWorker(t *testing.T) {
+	w := newWorld(t)
+	runID := w.admit("jobs/checked.json", checkedExample(t))
+	r := w.record(runID)
+	if r.Phase != runs.Checking || r.Check == nil || r.Check.RayJob != names.RayJob(runID, 0) {
+		t.Fatalf("phase %s, check %+v; want CHECKING with RayJob %s", r.Phase, r.Check, names.RayJob(runID, 0))
+	}
+	job, err := w.ray.RayV1().RayJobs("default").Get(w.ctx, names.RayJob(runID, 0), metav1.GetOptions{})
+	if err != nil || !strings.HasPrefix(job.Spec.Entrypoint, "python /code/datacheck.py ") {
+		t.Fatalf("check RayJob: %v %v", job, err)
+	}
+	if n := w.workers(); n != 0 || w.rayJobs() != 1 {
+		t.Fatalf("%d workers asked for, %d RayJobs while checking; want 0 and 1", n, w.rayJobs())
+	}
+	w.setJob(runID, 0, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	w.tick()
+	if r := w.record(runID); r.Phase != runs.Checking {
+		t.Fatalf("phase %s before the check wrote a verdict", r.Phase)
+	}
+	w.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": true, "rows": {"total": 1345, "kept": 1340, "train": 1273, "eval": 67, "leftOut": 5},
+		"leftOut": {"tooLong": 5}, "tokens": {"p50": 401, "p90": 460, "max": 1010, "maxSeqLength": 1024, "answer": 98000, "train": 520000, "eval": 27000},
+		"images": {"total": 1345, "perRow": {"1": 1345}}, "steps": {"perEpoch": 20, "total": 60}, "estimate": {"seconds": 518.6, "gpuHours": 2.305, "usd": 23.05}, "seconds": 9.1}`)
+	w.tick()
+	r = w.record(runID)
+	if r.Phase != runs.Submitted || r.Attempt != 1 || r.Check.EndedAt == nil || !r.Check.Result.OK || r.Check.Result.Steps.Total != 60 {
+		t.Fatalf("after the check passed: phase %s attempt %d check %+v", r.Phase, r.Attempt, r.Check)
+	}
+	if n := w.workers(); n == 0 {
+		t.Fatal("the workers were not asked for once the check passed")
+	}
+	w.runToSuccess(runID, 1)
+	if r := w.record(runID); r.Phase != runs.Succeeded {
+		t.Fatalf("phase %s, reason %s: %s", r.Phase, r.Reason, r.Message)
+	}
+	if got, want := w.types(runID), []string{"accepted", "checking", "running", "succeeded"}; !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
+	}
+	var final events.Run
+	if err := w.lastEvent(runID).DataAs(&final); err != nil || final.DataCheck == nil || final.DataCheck.Rows.LeftOut != 5 || final.DataCheck.Estimate.USD != 23.05 {
+		t.Errorf("succeeded event's data check %+v (%v)", final.DataCheck, err)
+	}
+}
+
+// TestBadDataFailsBeforeAnyWorker: a check that refuses the data ends the
+// run FAILED InvalidData with its message, and no worker was ever asked for
+// nor a training RayJob created.
+func TestBadDataFailsBeforeAnyWorker(t *testing.T) {
+	for _, c := range []struct {
+		reason runs.Reason
+		doc    string
+	}{
+		{runs.InvalidData, `{"ok": false, "reason": "InvalidData", "message": "gs://team-data/d/metadata.jsonl line 6 column 'image': image gs://team-data/d/images/05.png does not decode: cannot identify image file"}`},
+		{runs.InvalidModel, `{"ok": false, "reason": "InvalidModel", "message": "model 'meta-llama/Llama-3-8B' is LlamaForCausalLM (model_type 'llama'); accepted: Gemma3ForConditionalGeneration"}`},
+	} {
+		t.Run(string(c.reason), func(t *testing.T) {
+			w := newWorld(t)
+			runID := w.admit("jobs/bad.json", checkedExample(t))
+			w.setJob(runID, 0, rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
+			w.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, c.doc)
+			w.tick()
+			r := w.record(runID)
+			if r.Phase != runs.Failed || r.Reason != c.reason || !strings.Contains(r.Message, "the data check refused the run: ") || r.Check.Result == nil {
+				t.Fatalf("phase %s reason %s message %q check %+v", r.Phase, r.Reason, r.Message, r.Check)
+			}
+			if len(r.Attempts) != 0 || w.rayJobs() != 1 || w.workers() != 0 {
+				t.Errorf("%d attempts, %d RayJobs, %d workers; want none but the check", len(r.Attempts), w.rayJobs(), w.workers())
+			}
+			if got, want := w.types(runID), []string{"accepted", "checking", "failed"}; !slices.Equal(got, want) {
+				t.Errorf("events %v, want %v", got, want)
+			}
+			var final events.Run
+			if err := w.lastEvent(runID).DataAs(&final); err != nil || final.Reason != c.reason || final.DataCheck == nil || final.DataCheck.OK {
+				t.Errorf("failed event %+v (%v)", final, err)
+			}
+		})
 	}
 }

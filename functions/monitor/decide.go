@@ -36,7 +36,11 @@ type Observation struct {
 	// Workers is what the attempt's worker pods show; nil when they were
 	// not looked at (a phase without a RayJob).
 	Workers *Workers
-	Now     time.Time
+	// Check is what the data check wrote (data-check.json), nil while it
+	// has written nothing; read only for a CHECKING run, whose Job is the
+	// check's RayJob.
+	Check *checkpoints.DataCheck
+	Now   time.Time
 }
 
 // Action is what a check does about a run.
@@ -52,6 +56,8 @@ const (
 	Progress Action = "progress"  // record that the attempt runs, and its progress; announce running
 	Succeed  Action = "succeed"   // the attempt succeeded: record it running if no check saw it, then finish
 	Retry    Action = "retry"     // start the next attempt (Why the current one is given up)
+	Checked  Action = "checked"   // the data check passed: record it and start the first attempt
+	Recheck  Action = "recheck"   // the check's RayJob is missing: create it again (sweep)
 )
 
 // Decision is what Decide decided.
@@ -66,6 +72,9 @@ type Decision struct {
 	// ServedOn, for a Progress that starts the attempt running, is the
 	// capacity tier its workers run on (-1: as recorded).
 	ServedOn int
+	// Check, for a Finish that ends a data check, is what it found, recorded
+	// in the same write.
+	Check *checkpoints.DataCheck
 	// Preempted is evidence of preemption the attempt's record lacks,
 	// recorded before the action; a Retry with any (or with evidence
 	// already recorded) counts against limits.preemptions.
@@ -95,6 +104,8 @@ func Decide(o Observation) (Decision, error) {
 		case o.Sweep && stale:
 			return Decision{Action: Resend, Topic: pipeline.TopicProvisioned}, nil
 		}
+	case runs.Checking:
+		return decideCheck(o), nil
 	case runs.Submitted, runs.Running:
 		return decideJob(o)
 	case runs.Finishing:

@@ -24,6 +24,8 @@ func rec(p runs.Phase, edit ...func(*runs.Record)) *runs.Record {
 	r := &runs.Record{RunID: "r", Phase: p, Spec: &s, UpdatedAt: t0}
 	switch p {
 	case runs.Accepted, runs.Queued, runs.Rejected:
+	case runs.Checking:
+		r.Check = &runs.DataCheck{RayJob: "r-0", CreatedAt: t0}
 	default:
 		running := t0
 		r.Attempt = 1
@@ -75,6 +77,15 @@ func TestDecide(t *testing.T) {
 		{"accepted, cancelled", Observation{Run: rec(runs.Accepted, cancelled), Now: soon}, Finish, runs.ReasonCancelled, "", false},
 		{"queued, sweep", Observation{Run: rec(runs.Queued), Sweep: true, Now: soon}, Readmit, "", "", false},
 		{"queued, cancelled", Observation{Run: rec(runs.Queued, cancelled), Sweep: true, Now: soon}, Finish, runs.ReasonCancelled, "", false},
+		{"checking, job pending", Observation{Run: rec(runs.Checking), Job: job(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning), Now: soon}, Wait, "", "", false},
+		{"checking, job not listed yet", Observation{Run: rec(runs.Checking), Sweep: true, Now: soon}, Wait, "", "", false},
+		{"checking, job lost", Observation{Run: rec(runs.Checking), Sweep: true, Now: t0.Add(lostJob + time.Second)}, Recheck, "", "", false},
+		{"checking, passed", Observation{Run: rec(runs.Checking), Job: running, Check: &checkpoints.DataCheck{OK: true}, Now: soon}, Checked, "", "", false},
+		{"checking, bad data", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidData", Message: "d/metadata.jsonl line 6 column 'image': image does not decode"}, Now: soon}, Finish, runs.InvalidData, "", false},
+		{"checking, bad model", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidModel", Message: "not Gemma 3"}, Now: soon}, Finish, runs.InvalidModel, "", false},
+		{"checking, job failed without a verdict", Observation{Run: rec(runs.Checking), Job: job(rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed), Now: soon}, Finish, runs.DataCheckFailed, "", false},
+		{"checking, too long", Observation{Run: rec(runs.Checking), Job: running, Now: t0.Add(31 * time.Minute)}, Finish, runs.DataCheckFailed, "", true},
+		{"checking, cancelled", Observation{Run: rec(runs.Checking, cancelled), Job: running, Now: soon}, Finish, runs.ReasonCancelled, "", true},
 		{"provisioned, fresh", Observation{Run: rec(runs.Provisioned), Sweep: true, Now: soon}, Wait, "", "", false},
 		{"provisioned, stale, message", Observation{Run: rec(runs.Provisioned), Now: stale}, Wait, "", "", false},
 		{"provisioned, stale, sweep", Observation{Run: rec(runs.Provisioned), Sweep: true, Now: stale}, Resend, "", pipeline.TopicProvisioned, false},

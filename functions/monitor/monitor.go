@@ -107,6 +107,19 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 			return err
 		}
 	}
+	if rec.Phase == runs.Checking && rec.Spec != nil {
+		if o.Job, err = h.job(ctx, rec, listed); err != nil {
+			return err
+		}
+		bucket, prefix := pipeline.StorageOf(rec)
+		if o.Check, err = checkpoints.ReadDataCheck(ctx, h.Deps.Objects.Bucket(bucket), prefix); err != nil {
+			if !pipeline.Unreadable(err) {
+				return err
+			}
+			// A verdict that can never be read: the check cannot pass.
+			o.Check = &checkpoints.DataCheck{Reason: string(runs.InvalidData), Message: err.Error()}
+		}
+	}
 	d, err := Decide(o)
 	if err != nil {
 		return pipeline.Permanent(err)
@@ -150,7 +163,11 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 				return err
 			}
 		}
-		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, d.Ending, nil)
+		var before func(*runs.Record)
+		if d.Check != nil {
+			before = func(r *runs.Record) { r.NoteCheck(d.Check, h.Deps.Time()) }
+		}
+		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, d.Ending, before)
 	case Progress:
 		return h.progress(ctx, rec, files, d.ServedOn)
 	case Succeed:
@@ -168,6 +185,11 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
 	case Retry:
 		return h.retry(ctx, rec, d.Why, files)
+	case Checked:
+		return h.checked(ctx, rec)
+	case Recheck:
+		h.Deps.Log.Warn("data_check_recreated", "run_id", rec.RunID, "rayjob", names.RayJob(rec.RunID, rec.Attempt))
+		return h.Deps.StartCheck(ctx, rec.RunID)
 	}
 	return pipeline.Permanent(fmt.Errorf("run %s: decision %q has no action", rec.RunID, d.Action))
 }

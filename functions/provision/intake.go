@@ -45,12 +45,20 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 		if err != nil {
 			return err
 		}
-		if lease.Holder == rec.RunID {
+		switch {
+		case lease.Holder == rec.RunID && rec.Spec.Dataset.Check:
+			// The data check first, on the head: no worker is asked for yet.
+			job, cerr := d.CreateCheck(ctx, rec)
+			if cerr != nil {
+				return cerr
+			}
+			err = rec.MarkChecking(job, now)
+		case lease.Holder == rec.RunID:
 			if err := d.EnsureResources(ctx, rec); err != nil {
 				return err
 			}
 			err = rec.MarkProvisioned(runs.Attempt{N: 1, RayJob: names.RayJob(rec.RunID, 1)}, "", now)
-		} else {
+		default:
 			holder = lease.Holder
 			err = rec.MarkQueued(holder, now)
 		}
@@ -78,6 +86,9 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 	case runs.Queued:
 		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
 		d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", holder)
+	case runs.Checking:
+		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
+		d.Log.Info("data_check_started", "run_id", rec.RunID, "rayjob", rec.Check.RayJob)
 	default:
 		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
 		d.Log.Info("attempt_started", "run_id", rec.RunID, "attempt", 1, "resume_from", "")
@@ -88,8 +99,11 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 	// The next step goes before the published mark: the mark is a second
 	// write of the record, which waits for the rest of the second.
 	var sent error
-	if rec.Phase == runs.Provisioned {
+	switch rec.Phase {
+	case runs.Provisioned:
 		sent = d.Send(ctx, d.Config.Topics.Provisioned, pipeline.Step{RunID: rec.RunID, Attempt: 1})
+	case runs.Checking:
+		sent = d.SendCheck(ctx, rec.RunID)
 	}
 	_, err := d.MarkPublished(ctx, rec.RunID, claimed)
 	return errors.Join(sent, err)

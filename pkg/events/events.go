@@ -81,6 +81,10 @@ type Run struct {
 	Data *checkpoints.DataStats `json:"data,omitempty"`
 	// Samples locates the tuned and base model's answers to held-out rows.
 	Samples *checkpoints.Samples `json:"samples,omitempty"`
+	// DataCheck is what the data check found, once it has (a spec with
+	// dataset.check): in the checking event's successors and the terminal
+	// event.
+	DataCheck *checkpoints.DataCheck `json:"dataCheck,omitempty"`
 	// Report is the gs:// URI of the run's report: one self-contained HTML
 	// page with its curves, timeline, checkpoints, samples and cost.
 	Report string `json:"report,omitempty"`

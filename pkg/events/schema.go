@@ -71,7 +71,8 @@ func Schema(phase string) []byte {
 				"seconds": map[string]any{"type": "number", "minimum": 0},
 			},
 		},
-		"report": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
+		"dataCheck": dataCheckSchema(),
+		"report":    map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",
@@ -183,4 +184,31 @@ func reasonSchema() map[string]any {
 
 func numberMap() map[string]any {
 	return map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "number"}}
+}
+
+// dataCheckSchema is the data check's figures (checkpoints.DataCheck).
+func dataCheckSchema() map[string]any {
+	count := map[string]any{"type": "integer", "minimum": 0}
+	number := map[string]any{"type": "number", "minimum": 0}
+	object := func(required []string, props map[string]any) map[string]any {
+		return map[string]any{"type": "object", "additionalProperties": false, "required": required, "properties": props}
+	}
+	counts := map[string]any{"type": "object", "additionalProperties": count}
+	return map[string]any{
+		"type": "object", "additionalProperties": false, "required": []string{"ok"},
+		"description": "what the data check found before any GPU worker was asked for (trainer/datacheck.py; data-check.json beside the run): its verdict, the rows, the rows left out by cause, token lengths and totals, images, optimizer steps and the estimate of the training time and price",
+		"properties": map[string]any{
+			"ok":      map[string]any{"type": "boolean"},
+			"reason":  map[string]any{"enum": []string{"InvalidData", "InvalidModel"}},
+			"message": map[string]any{"type": "string"},
+			"rows":    object([]string{"total", "kept", "train", "eval", "leftOut"}, map[string]any{"total": count, "kept": count, "train": count, "eval": count, "leftOut": count}),
+			"leftOut": counts,
+			"tokens": object([]string{"p50", "p90", "max", "maxSeqLength", "answer", "train", "eval"}, map[string]any{
+				"p50": count, "p90": count, "max": count, "maxSeqLength": count, "answer": count, "train": count, "eval": count}),
+			"images":   object([]string{"total"}, map[string]any{"total": count, "perRow": counts}),
+			"steps":    object([]string{"perEpoch", "total"}, map[string]any{"perEpoch": count, "total": count}),
+			"estimate": object([]string{"seconds", "gpuHours", "usd"}, map[string]any{"seconds": number, "gpuHours": number, "usd": number}),
+			"seconds":  number,
+		},
+	}
 }

@@ -30,6 +30,7 @@ import (
 const (
 	CodeMountPath  = "/code/"
 	ScriptPath     = "/code/train.py"
+	CheckPath      = "/code/datacheck.py"
 	codeVolume     = "job-code"
 	scratchVolume  = "local-storage"
 	scratchPath    = "/mnt/local-ssd/"
@@ -254,6 +255,27 @@ func RayJob(s *spec.JobSpec, run Run) *rayv1.RayJob {
 			JobId:           names.SubmissionID(run.ID, run.Attempt),
 		},
 	}
+}
+
+// CheckAttempt is the attempt number of a run's data check: it comes
+// before attempt 1, and its RayJob is names.RayJob(run, CheckAttempt).
+const CheckAttempt = 0
+
+// CheckJob is the run's data check: trainer/datacheck.py with the
+// trainer's own arguments, run by the Ray job's driver on the head (the
+// worker group is at zero meanwhile), writing data-check.json in the run's
+// storage path. price is the GPU-hour price its estimate uses.
+func CheckJob(s *spec.JobSpec, run Run, price float64) *rayv1.RayJob {
+	run.Attempt = CheckAttempt
+	job := RayJob(s, run)
+	args := append([]string{"python", CheckPath}, TrainerArgs(s, run)[1:]...)
+	args = append(args, "--gpu-hour-usd", ftoa(price))
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = ShellQuote(a)
+	}
+	job.Spec.Entrypoint = strings.Join(quoted, " ")
+	return job
 }
 
 // StoragePath is Ray Train's storage_path for a run: every attempt writes

@@ -348,6 +348,9 @@ func EventData(r *runs.Record, p runs.Phase, cfg Config) events.Run {
 	if p == runs.Running || p.Terminal() {
 		d.Capacity = capacityOf(r, r.UpdatedAt)
 	}
+	if r.Check != nil && r.Check.Result != nil {
+		d.DataCheck = r.Check.Result
+	}
 	if !p.Terminal() {
 		return d
 	}

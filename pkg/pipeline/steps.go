@@ -39,9 +39,77 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: n})
 }
 
+// StartFirst starts a run that has its cluster: with the data check when
+// its spec asks for one (StartCheck), else its first attempt.
+func (d *Deps) StartFirst(ctx context.Context, rec *runs.Record) error {
+	if rec.Spec != nil && rec.Spec.Dataset.Check {
+		return d.StartCheck(ctx, rec.RunID)
+	}
+	return d.StartAttempt(ctx, rec.RunID, 1, "", "")
+}
+
+// StartCheck brings the run's cluster up with its worker group at zero,
+// creates the data check's RayJob on its head, records the run CHECKING and
+// sends the submitted message, so that the monitor looks at once. No GPU
+// worker is asked for until the check passes (the monitor then starts the
+// first attempt). It is safe to repeat.
+func (d *Deps) StartCheck(ctx context.Context, runID string) error {
+	rec, err := d.Runs.Get(ctx, runID)
+	if err != nil {
+		return err
+	}
+	if rec.Phase != runs.Accepted && rec.Phase != runs.Queued && rec.Phase != runs.Checking {
+		return nil // another delivery moved it on already
+	}
+	job, err := d.CreateCheck(ctx, rec)
+	if err != nil {
+		return err
+	}
+	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error { return r.MarkChecking(job, d.Time()) })
+	if err != nil {
+		return err
+	}
+	if rec.Phase != runs.Checking {
+		return nil
+	}
+	d.Log.Info("data_check_started", "run_id", runID, "rayjob", job)
+	return d.SendCheck(ctx, runID)
+}
+
+// CreateCheck brings the run's cluster up with its worker group at zero and
+// creates the data check's RayJob (unless it exists); it returns the
+// RayJob's name.
+func (d *Deps) CreateCheck(ctx context.Context, rec *runs.Record) (string, error) {
+	if err := d.ensureResources(ctx, rec, false); err != nil {
+		return "", err
+	}
+	run := manifests.Run{ID: rec.RunID, Attempt: 1, Source: rec.Source, SpecHash: rec.SpecHash}
+	if err := run.Validate(); err != nil {
+		return "", Permanent(err)
+	}
+	price := rec.Spec.Tier(0).GPUHourUSD
+	if price == 0 {
+		price = d.Config.GPUHourUSD
+	}
+	job := manifests.CheckJob(rec.Spec, run, price)
+	return job.Name, d.CreateRayJob(ctx, job)
+}
+
+// SendCheck asks the monitor to look at a checking run at once (the
+// submitted message); ticks look at it too.
+func (d *Deps) SendCheck(ctx context.Context, runID string) error {
+	return d.Send(ctx, d.Config.Topics.Submitted, Step{RunID: runID, Attempt: manifests.CheckAttempt})
+}
+
 // EnsureResources makes sure the run's trainer ConfigMap and RayCluster
-// exist.
+// exist, its worker group scaled to the spec's replicas.
 func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
+	return d.ensureResources(ctx, rec, true)
+}
+
+// ensureResources is EnsureResources; without workers, the worker group is
+// kept at zero (the data check runs on the head alone).
+func (d *Deps) ensureResources(ctx context.Context, rec *runs.Record, workers bool) error {
 	if rec.Spec == nil {
 		return Permanent(fmt.Errorf("run %s has no spec", rec.RunID))
 	}
@@ -52,7 +120,14 @@ func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
 	if err := d.EnsureConfigMap(ctx, manifests.TrainerConfigMap(rec.Spec, code)); err != nil {
 		return err
 	}
-	return d.EnsureCluster(ctx, manifests.RayCluster(rec.Spec, code, 0))
+	rc := manifests.RayCluster(rec.Spec, code, 0)
+	if !workers {
+		zero := int32(0)
+		for i := range rc.Spec.WorkerGroupSpecs {
+			rc.Spec.WorkerGroupSpecs[i].Replicas, rc.Spec.WorkerGroupSpecs[i].MinReplicas = &zero, &zero
+		}
+	}
+	return d.EnsureCluster(ctx, rc)
 }
 
 // Finish records how the current attempt ended and sends the run to
@@ -125,7 +200,7 @@ func (d *Deps) PassOn(ctx context.Context, namespace, cluster, runID string) (*L
 			// A run that is ending (FINISHING) keeps the lease; its own
 			// finalize passes it on.
 			d.Log.Info("cluster_handed_over", "run_id", runID, "cluster", namespace+"/"+cluster, "next_run_id", next)
-			return lease, d.StartAttempt(ctx, next, 1, "", "")
+			return lease, d.StartFirst(ctx, rec)
 		}
 		d.Log.Info("lease_released", "run_id", next, "cluster", namespace+"/"+cluster, "why", "no longer waiting")
 		lease, next, err = d.Leases.Release(ctx, namespace, cluster, next)
@@ -141,6 +216,13 @@ func (d *Deps) GetRun(ctx context.Context, runID string) (*runs.Record, error) {
 		return nil, Permanent(err)
 	}
 	return rec, err
+}
+
+// StorageOf is the run's storage path (Ray Train's storage_path, where the
+// data check writes too) as a bucket and an object prefix.
+func StorageOf(rec *runs.Record) (bucket, prefix string) {
+	bucket, prefix, _ = strings.Cut(strings.TrimPrefix(manifests.StoragePath(rec.Spec, rec.RunID), "gs://"), "/")
+	return bucket, prefix
 }
 
 // Experiment is where an attempt's Ray Train experiment lives: its bucket
@@ -161,7 +243,7 @@ func (d *Deps) Admit(ctx context.Context, rec *runs.Record) error {
 		return err
 	}
 	if lease.Holder == rec.RunID {
-		return d.StartAttempt(ctx, rec.RunID, 1, "", "")
+		return d.StartFirst(ctx, rec)
 	}
 	queued := false
 	_, err = d.Advance(ctx, rec.RunID, func(r *runs.Record) error {

@@ -23,6 +23,7 @@ const (
 	Accepted    Phase = "ACCEPTED"    // spec valid, record created
 	Rejected    Phase = "REJECTED"    // spec invalid: terminal
 	Queued      Phase = "QUEUED"      // waiting for the cluster another run holds
+	Checking    Phase = "CHECKING"    // the data check runs on the Ray head; no GPU worker is asked for
 	Provisioned Phase = "PROVISIONED" // cluster ensured, RayJob not yet created
 	Submitted   Phase = "SUBMITTED"   // RayJob created
 	Running     Phase = "RUNNING"     // Ray job running
@@ -52,6 +53,7 @@ var phases = []struct {
 	{Accepted, phaseInfo{event: true}},
 	{Rejected, phaseInfo{event: true, terminal: true}},
 	{Queued, phaseInfo{event: true}},
+	{Checking, phaseInfo{event: true}},
 	{Provisioned, phaseInfo{}},
 	{Submitted, phaseInfo{job: true}},
 	{Running, phaseInfo{event: true, job: true}},
@@ -114,6 +116,7 @@ type Transition string
 // The transitions. A record is created ACCEPTED or REJECTED (NewRecord).
 const (
 	ToQueued      Transition = "queue"     // MarkQueued: the cluster is held by another run
+	ToChecking    Transition = "check"     // MarkChecking: the data check's RayJob was created
 	ToProvisioned Transition = "provision" // MarkProvisioned: an attempt starts (the first, or a retry)
 	ToSubmitted   Transition = "submit"    // MarkSubmitted: its RayJob was created
 	ToRunning     Transition = "run"       // MarkRunning: its Ray job runs
@@ -124,10 +127,11 @@ const (
 // transitions holds, for each transition, the phases it may start from.
 var transitions = map[Transition][]Phase{
 	ToQueued:      {Accepted},
-	ToProvisioned: {Accepted, Queued, Submitted, Running},
+	ToChecking:    {Accepted, Queued},
+	ToProvisioned: {Accepted, Queued, Checking, Submitted, Running},
 	ToSubmitted:   {Provisioned},
 	ToRunning:     {Submitted},
-	ToFinishing:   {Accepted, Queued, Provisioned, Submitted, Running},
+	ToFinishing:   {Accepted, Queued, Checking, Provisioned, Submitted, Running},
 	ToEnded:       {Finishing},
 }
 
@@ -232,6 +236,29 @@ func (r *Record) MarkQueued(holder string, now time.Time) error {
 	return nil
 }
 
+// MarkChecking records that the data check runs (its RayJob, on the Ray
+// head, with the worker group at zero): the run has its cluster, and no GPU
+// worker is asked for until the check passes.
+func (r *Record) MarkChecking(rayJob string, now time.Time) error {
+	if err := r.allow(ToChecking); err != nil {
+		return err
+	}
+	r.Check = &DataCheck{RayJob: rayJob, CreatedAt: now}
+	r.Reason, r.Message = "", ""
+	r.enter(Checking, now)
+	return nil
+}
+
+// NoteCheck records the data check's verdict and figures; false when the
+// record has them already.
+func (r *Record) NoteCheck(found *checkpoints.DataCheck, now time.Time) bool {
+	if r.Check == nil || r.Check.EndedAt != nil || found == nil {
+		return false
+	}
+	r.Check.EndedAt, r.Check.Result = &now, found
+	return true
+}
+
 // MarkProvisioned starts attempt next.N with the cluster up: the first
 // attempt of an accepted or queued run, or the retry of a submitted or
 // running one (next.N is the current attempt + 1), whose current attempt
@@ -240,7 +267,7 @@ func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error 
 	if err := r.allow(ToProvisioned); err != nil {
 		return err
 	}
-	first := r.Phase == Accepted || r.Phase == Queued
+	first := r.Phase == Accepted || r.Phase == Queued || r.Phase == Checking
 	switch {
 	case first && next.N != 1:
 		return r.refuse(ToProvisioned, "attempt %d cannot be a run's first", next.N)

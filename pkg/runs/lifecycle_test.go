@@ -19,6 +19,8 @@ func inPhase(p Phase) *Record {
 	r := &Record{RunID: "r", Phase: p, Cluster: "c", Times: map[Phase]time.Time{p: t0}}
 	switch p {
 	case Accepted, Queued, Rejected:
+	case Checking:
+		r.Check = &DataCheck{RayJob: "r-0", CreatedAt: t0}
 	default:
 		r.Attempt = 1
 		r.Attempts = []Attempt{{N: 1, RayJob: "r-1", CreatedAt: t0}}
@@ -34,7 +36,8 @@ var done = &checkpoints.Result{Latest: &checkpoints.Checkpoint{Name: "checkpoint
 // mark makes each transition the way the handlers do. A transition added to
 // the lifecycle without an entry here fails TestEveryTransitionIsTested.
 var mark = map[Transition]func(r *Record) error{
-	ToQueued: func(r *Record) error { return r.MarkQueued("other", t0) },
+	ToQueued:   func(r *Record) error { return r.MarkQueued("other", t0) },
+	ToChecking: func(r *Record) error { return r.MarkChecking("r-0", t0) },
 	ToProvisioned: func(r *Record) error {
 		return r.MarkProvisioned(Attempt{N: r.Attempt + 1, RayJob: "next"}, "lost", t0)
 	},
@@ -48,7 +51,7 @@ var mark = map[Transition]func(r *Record) error{
 
 // lands is the phase each transition moves a run to (an ending as decided).
 var lands = map[Transition]Phase{
-	ToQueued: Queued, ToProvisioned: Provisioned, ToSubmitted: Submitted,
+	ToQueued: Queued, ToChecking: Checking, ToProvisioned: Provisioned, ToSubmitted: Submitted,
 	ToRunning: Running, ToFinishing: Finishing, ToEnded: Succeeded,
 }
 
@@ -227,5 +230,23 @@ func TestDurations(t *testing.T) {
 	}
 	if !r.Times[Provisioned].Equal(at(1)) {
 		t.Errorf("Times keeps the first entry: %v", r.Times[Provisioned])
+	}
+}
+
+// TestDataCheckBeforeTheFirstAttempt: a checked run keeps its check's
+// verdict, and only its first attempt follows the check.
+func TestDataCheckBeforeTheFirstAttempt(t *testing.T) {
+	r := inPhase(Accepted)
+	if err := r.MarkChecking("r-0", t0); err != nil || r.Phase != Checking || r.Check.RayJob != "r-0" {
+		t.Fatalf("MarkChecking: %v, %+v", err, r)
+	}
+	if !r.NoteCheck(&checkpoints.DataCheck{OK: true}, t0) || r.NoteCheck(&checkpoints.DataCheck{Reason: "InvalidData"}, t0) {
+		t.Error("NoteCheck records a verdict once")
+	}
+	if err := r.MarkProvisioned(Attempt{N: 2}, "", t0); !IsRefused(err) {
+		t.Errorf("attempt 2 after the check: %v, want refused", err)
+	}
+	if err := r.MarkProvisioned(Attempt{N: 1, RayJob: "r-1"}, "", t0); err != nil || r.Phase != Provisioned || !r.Check.Result.OK {
+		t.Errorf("attempt 1 after the check: %v, %+v", err, r)
 	}
 }

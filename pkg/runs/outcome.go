@@ -32,6 +32,9 @@ const (
 	NoCheckpoint          Reason = "NoCheckpoint"
 	CheckpointsUnreadable Reason = "CheckpointsUnreadable"
 	Preempted             Reason = "Preempted"
+	InvalidData           Reason = "InvalidData"
+	InvalidModel          Reason = "InvalidModel"
+	DataCheckFailed       Reason = "DataCheckFailed"
 )
 
 var reasons = []struct {
@@ -48,6 +51,9 @@ var reasons = []struct {
 	{InvalidJob, "failed: KubeRay refused the RayJob (ValidationFailed)"},
 	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
 	{Preempted, "failed: attempts were lost to preemption (Spot VMs reclaimed, nodes shut down) more often than limits.preemptions allows; on a retried attempt, why it was retried"},
+	{InvalidData, "failed: the data check found data the run cannot train on (the message names the file, row and column); no GPU worker was asked for"},
+	{InvalidModel, "failed: the data check found a model the trainer cannot fine-tune (not a Gemma 3 vision model); no GPU worker was asked for"},
+	{DataCheckFailed, "failed: the data check ended without a verdict (its RayJob failed or was lost), or did not end within limits.startDeadline"},
 	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},
 }
 

@@ -36,6 +36,9 @@ type Record struct {
 
 	Attempt  int       `json:"attempt"`
 	Attempts []Attempt `json:"attempts,omitempty"`
+	// Check is the data check, for a spec that asks for one
+	// (dataset.check): it runs before the first attempt.
+	Check *DataCheck `json:"check,omitempty"`
 
 	Progress        *Progress `json:"progress,omitempty"`
 	CancelRequested bool      `json:"cancelRequested,omitempty"`
@@ -62,6 +65,17 @@ type Record struct {
 	History   []Entry             `json:"history,omitempty"`
 	CreatedAt time.Time           `json:"createdAt"`
 	UpdatedAt time.Time           `json:"updatedAt"`
+}
+
+// DataCheck is the run's data check: trainer/datacheck.py in a RayJob on
+// the Ray head, before any GPU worker is asked for.
+type DataCheck struct {
+	RayJob    string     `json:"rayJob"`
+	CreatedAt time.Time  `json:"createdAt"`
+	EndedAt   *time.Time `json:"endedAt,omitempty"`
+	// Result is what the check found (data-check.json): its verdict, rows,
+	// rows left out and why, token lengths, images, steps and estimate.
+	Result *checkpoints.DataCheck `json:"result,omitempty"`
 }
 
 // Attempt is one RayJob of the run.

@@ -63,7 +63,9 @@ type Dataset struct {
 	Format   string   `json:"format" spec:"enum=template|messages" doc:"template: the row's columns fill dataset.template; messages: a conversation column in TRL's vision-language format (role/content parts with {\"type\": \"image\"} placeholders) and an images column."`
 	Template Template `json:"template" doc:"The conversation made of each row when format is template; the defaults are the tutorial's prompt and columns."`
 	Messages Messages `json:"messages" doc:"The columns read when format is messages."`
-	Split    string   `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
+	// Check asks for the data check before the first attempt.
+	Check bool   `json:"check" doc:"Check the data and the model on the Ray head before any GPU worker is asked for (trainer/datacheck.py: every row encoded as training will, every image decoded); a run whose data or model is unusable fails InvalidData or InvalidModel with no GPU worker created. Off by default while the local cloud cannot play it yet."`
+	Split string `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
 	// EvalSplit and EvalShare choose the held-out rows every checkpoint is
 	// evaluated on.
 	EvalSplit string  `json:"evalSplit" spec:"kind=token,max=64,optional" doc:"Dataset split to evaluate on; empty: hold out evalShare of the training split."`
