@@ -260,3 +260,41 @@ def test_a_4bit_setup_that_cannot_quantise_falls_back_to_bf16(tmp_path, monkeypa
     assert bench.main(["--dry-run", "--setups", "tutorial", "--shapes", "fixed", "--trainer", "transformers",
                        "--4bit-fallback", "fail", "--json", str(out2)]) == 0
     assert json.loads(out2.read_text())["setups"]["tutorial"]["status"] == "failed"
+
+
+def test_gpu_command_dry_run_on_carried_wheels(tmp_path):
+    """bench/gpu-run.sh as the GPU machine runs it, with --dry-run: the pack's wheels installed into a clean
+    folder shadow the virtualenv's, the benchmark runs every setup and ends with valid JSON
+    (make gpu-bench-dry-run, in make test, sets RAYDROP_GPU_BENCH_PACK)."""
+    import subprocess
+
+    pack = os.environ.get("RAYDROP_GPU_BENCH_PACK")
+    if not pack:
+        pytest.skip("RAYDROP_GPU_BENCH_PACK unset: make gpu-bench-dry-run runs this")
+    site, out = tmp_path / "site", tmp_path / "out"
+    env = dict(os.environ, RAYDROP_BENCH_PACK=pack, RAYDROP_BENCH_SITE=str(site), OUT=str(out),
+               RAYDROP_BENCH_PYTHON=os.environ.get("RAYDROP_BENCH_PYTHON", sys.executable))
+    env.pop("PYTHONPATH", None)
+    script = os.path.join(TRAINER_DIR, "bench", "gpu-run.sh")
+    proc = subprocess.run(["bash", script, "--dry-run"], cwd=os.path.dirname(TRAINER_DIR), env=env,
+                          capture_output=True, text=True, timeout=600)
+    print(proc.stdout[-6000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    assert "gpu-run: wheels installed" in proc.stdout and "benchmark finished (exit 0)" in proc.stdout
+
+    import bench
+
+    report = json.loads((out / "bench-result.json").read_text())
+    assert report["dry_run"] is True and report["mfu_convention"] == bench.MFU_CONVENTION
+    v = report["versions"]
+    assert v["stack"].startswith(f"carried wheels in {site}")
+    assert (v["transformers"], v["tokenizers"], v["peft"], v["accelerate"]) == ("4.55.2", "0.21.4", "0.17.0",
+                                                                                 "1.10.0")
+    for name, folder in v["files"].items():
+        if name != "bitsandbytes":
+            assert os.path.realpath(folder).startswith(os.path.realpath(site)), (name, folder)
+    assert v["trl"] is None  # the machine has no TRL: the dry run takes the same path
+    assert list(report["setups"]) == ["raydrop", "tutorial"] + [s["name"] for s in bench.ablation_setups()]
+    for name in report["setups"]:
+        _check_ok_setup(report, name)
+    assert "tutorial+raydrop-loss" in (out / "bench-table.txt").read_text()
