@@ -1071,7 +1071,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--text-tokens", type=int, default=152, help="text tokens per fixed sample, bos included")
     p.add_argument("--completion-tokens", type=int, default=60, help="answer tokens per fixed sample")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="dense BF16 peak; default: by GPU name")
-    p.add_argument("--time-limit", type=float, default=420.0,
+    p.add_argument("--time-limit", type=float, default=390.0,
                    help="seconds: stop training (and skip setups not started) past this; figures keep the steps run")
     p.add_argument("--out", default="", help=f"folder for {RESULT_FILE} (default: the current folder)")
     p.add_argument("--json", default="", help=f"result path (default: <--out>/{RESULT_FILE})")

@@ -221,8 +221,8 @@ def main(argv=None) -> int:
     print("\nOn the GPU machine, from the repository root, with the working tree and "
           f"{rel} carried (a git-ignored path: carry [\"{rel}\"]):\n")
     print("    bash trainer/bench/gpu-run.sh\n")
-    print("It installs the wheels into /tmp/site, runs every setup (about 6 to 7 minutes on one H200, 420 s "
-          "training limit) and writes bench-result.json and bench-table.txt into $OUT (else "
+    print("It installs the wheels into /tmp/site, runs every setup (about 7 minutes on one H200; training stops at 390 s "
+          "and setups not started are skipped) and writes bench-result.json and bench-table.txt into $OUT (else "
           f"{rel}/out).")
     return 0
 
