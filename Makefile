@@ -77,10 +77,11 @@ proof: tools ## The reliability and security suite on its own local cloud; print
 		cat $(CURDIR)/.build/proof-report.txt 2>/dev/null || true; exit $$status
 
 .PHONY: trainer-contract
-trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
+trainer-contract: trainer-venv ## Trainer tests under real Ray Train, Go checkpoint discovery on the layout they wrote, the GPU benchmark's command on CPU
 	rm -rf $(LAYOUT_DIR) && mkdir -p $(LAYOUT_DIR)
 	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test
 	$(GO) test -count=1 -run TestTrainerLayoutContract -v ./pkg/checkpoints -args -layout $(LAYOUT_DIR)
+	$(MAKE) --no-print-directory gpu-bench-dry-run
 
 .PHONY: trainer-layout-testdata
 trainer-layout-testdata: ## Refresh pkg/checkpoints/testdata/trainer-layout from the tree the last trainer-contract wrote (binaries emptied)

@@ -16,14 +16,14 @@ TRAINER_REQS := $(TRAINER_DIR)/requirements.txt $(TRAINER_DIR)/requirements-test
 TRAINER_VENV_HASH := $(shell { cat $(TRAINER_REQS); $(TRAINER_PYTHON) -c 'import sys; print(sys.version)'; echo uv=$(TRAINER_UV_VERSION); } | sha256sum | cut -c1-12)
 TRAINER_VENV ?= $(RAYDROP_CACHE)/trainer-venv-$(TRAINER_VENV_HASH)
 TRAINER_BENCH_ARGS ?=
-# Pure-Python wheels of the pinned transformers, TRL, PEFT and accelerate (not
-# torch), for a GPU machine that has PyTorch but no network; under the
-# git-ignored .build/ at the repository root.
-TRAINER_BENCH_WHEELS ?= $(abspath $(TRAINER_DIR)/..)/.build/bench-wheels
+# What the GPU benchmark carries to an offline GPU machine (bench/pack.py):
+# under the git-ignored .build/ at the repository root, so it travels as a
+# carried path. The wheels themselves are cached in RAYDROP_CACHE by pins.
+GPU_BENCH_PACK ?= $(abspath $(TRAINER_DIR)/..)/.build/gpu-bench
 
 ##@ Trainer (Python)
 
-.PHONY: trainer-venv trainer-test trainer-bench trainer-bench-wheels
+.PHONY: trainer-venv trainer-test trainer-bench gpu-bench-pack gpu-bench-dry-run
 
 trainer-venv: $(TRAINER_VENV)/.complete ## Build the trainer's virtualenv once per machine (cached under RAYDROP_CACHE)
 	@echo "trainer-venv: ready at $(TRAINER_VENV)"
@@ -89,15 +89,12 @@ datacheck-bench: trainer-venv gemma3-tokenizer ## Data-check throughput (rows/s 
 	cd $(TRAINER_DIR) && RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER) PYTHONDONTWRITEBYTECODE=1 \
 		$(TRAINER_VENV)/bin/python bench/datacheck_bench.py $(DATACHECK_BENCH_ARGS)
 
-trainer-bench-wheels: trainer-venv ## Download the pinned transformers/trl/peft/accelerate wheels (--no-deps) for an offline GPU machine
-	@set -eu; \
-	dir='$(TRAINER_BENCH_WHEELS)'; \
-	pins=$$(grep -E '^(transformers|trl|peft|accelerate)==' $(TRAINER_DIR)/requirements.txt); \
-	mkdir -p "$$dir"; rm -f "$$dir"/*.whl; \
-	echo "trainer-bench-wheels: downloading" $$pins; \
-	$(TRAINER_VENV)/bin/python -m pip download --quiet --disable-pip-version-check \
-		--no-deps --only-binary=:all: --dest "$$dir" $$pins; \
-	ls -l "$$dir"; \
-	bytes=$$(cat "$$dir"/*.whl | wc -c); \
-	echo "trainer-bench-wheels: $$dir holds $$bytes bytes ($$(( bytes / 1048576 )) MiB) of wheels"; du -sh "$$dir"; \
-	if [ "$$bytes" -ge $$(( 64 * 1048576 )) ]; then echo "trainer-bench-wheels: over 64 MiB" >&2; exit 1; fi
+gpu-bench-pack: trainer-venv ## Wheels for the offline GPU machine (pinned stack, bitsandbytes cut per CUDA) in .build/gpu-bench; prints the command to run there
+	$(TRAINER_VENV)/bin/python $(TRAINER_DIR)/bench/pack.py --dest $(GPU_BENCH_PACK)
+
+# The GPU command (bench/gpu-run.sh) on CPU with --dry-run: the carried wheels
+# installed into a clean folder, a tiny model, the JSON checked by a test.
+gpu-bench-dry-run: gpu-bench-pack ## The GPU benchmark's exact command on CPU (--dry-run, tiny model), from the pack
+	cd $(TRAINER_DIR) && RAYDROP_GPU_BENCH_PACK=$(GPU_BENCH_PACK) RAYDROP_BENCH_PYTHON=$(TRAINER_VENV)/bin/python \
+		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q -s \
+		tests/test_bench.py -k carried_wheels

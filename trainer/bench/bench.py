@@ -19,11 +19,14 @@ Tokens are counted without padding. Data loading is not timed.
     python bench/bench.py --dry-run       # tiny model on CPU: code path and arithmetic only
 
 The raydrop setup is the trainer's default (cli.DEFAULTS and the flag
-defaults); the tutorial setup is cli.TUTORIAL_MODEL_CHOICES with batch 1 x
-gradient accumulation 4. Neither TRL, datasets nor Ray is needed: without
-TRL, sft.py's RaydropSFTTrainer (same compute_loss) is built on
-transformers' Trainer. The JSON result names the library versions and the
-trainer class that ran.
+defaults) with its own loss (sft.py: the LM head only at the targets). The
+tutorial setup is cli.TUTORIAL_MODEL_CHOICES with batch 1 x gradient
+accumulation 4, trained as the tutorial was: the stock loss (the model's own,
+from full-vocabulary logits up-cast to fp32) and TRL 0.21 SFTTrainer's
+per-micro-batch metrics. The tutorial+<change> rows apply one of raydrop's
+changes at a time. Neither TRL, datasets nor Ray is needed: without TRL both
+losses run on transformers' Trainer. The JSON result names the library
+versions, where they were imported from, and the trainer class that ran.
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ BOS_ID = 2
 NL_ID = 10  # any ordinary id stands in for "\n\n" around the image block
 VARIED_SEED = 1234
 RESULT_FILE = "bench-result.json"
+TABLE_FILE = "bench-table.txt"
 
 
 # --------------------------------------------------------------------------- setups
@@ -145,20 +149,55 @@ def raydrop_setup() -> Dict[str, Any]:
         per_device_batch_size=cli.DEFAULTS["perDeviceBatchSize"],
         gradient_accumulation_steps=cli.DEFAULTS["gradientAccumulationSteps"],
         gradient_checkpointing=cli.DEFAULTS["gradientCheckpointing"],
+        loss="raydrop",
     )
     setup.update(_lora_settings(d))
     return setup
 
 
 def tutorial_setup() -> Dict[str, Any]:
-    """The reference tutorial: cli.TUTORIAL_MODEL_CHOICES, batch 1 x gradient accumulation 4."""
+    """The reference tutorial as it ran: cli.TUTORIAL_MODEL_CHOICES, batch 1 x gradient accumulation 4,
+    and the stock loss (the model's own, from full fp32 logits, as TRL 0.21's SFTTrainer computes it)."""
     import cli
 
     setup: Dict[str, Any] = {"name": "tutorial"}
     setup.update(cli.TUTORIAL_MODEL_CHOICES)
-    setup.update(per_device_batch_size=1, gradient_accumulation_steps=4)
+    setup.update(per_device_batch_size=1, gradient_accumulation_steps=4, loss="stock")
     setup.update(_lora_settings(_parser_defaults()))
     return setup
+
+
+# Short names of raydrop's changes to the tutorial; "batch" is batch size and
+# gradient accumulation together (one change: the step's samples stay the same).
+CHANGE_NAMES = {
+    "quantization": "bf16", "attention": "sdpa", "lora_vision_tower": "text-lora",
+    "train_embeddings": "frozen-head", "gradient_checkpointing": "no-ckpt",
+    "completion_only_loss": "answer-only", "batch": "batch", "loss": "raydrop-loss",
+}
+
+
+def ablation_setups() -> List[Dict[str, Any]]:
+    """The tutorial with one of raydrop's changes at a time, named tutorial+<change>.
+
+    Derived from the two setups: every key where raydrop's default differs
+    from the tutorial is one row, so a change of defaults changes the rows.
+    """
+    tut, ray = tutorial_setup(), raydrop_setup()
+    out = []
+    for key, short in CHANGE_NAMES.items():
+        keys = ("per_device_batch_size", "gradient_accumulation_steps") if key == "batch" else (key,)
+        if all(tut[k] == ray[k] for k in keys):
+            continue
+        s = dict(tut, name=f"tutorial+{short}")
+        s.update({k: ray[k] for k in keys})
+        out.append(s)
+    return out
+
+
+def all_setups() -> Dict[str, Dict[str, Any]]:
+    out = {"raydrop": raydrop_setup(), "tutorial": tutorial_setup()}
+    out.update({s["name"]: s for s in ablation_setups()})
+    return out
 
 
 def _lora_settings(d: Dict[str, Any]) -> Dict[str, Any]:
@@ -191,15 +230,25 @@ def _installed_version(dist: str) -> Optional[str]:
         return None
 
 
+STACK_MODULES = ("transformers", "tokenizers", "huggingface_hub", "peft", "accelerate")
+
+
 def library_versions() -> Dict[str, Any]:
-    """Versions that ran. trl is null unless this process imported it (the TRL trainer ran)."""
+    """Versions that ran, and where each was imported from (the carried wheels' folder or the machine's own).
+
+    trl is null unless this process imported it (the TRL trainer ran);
+    bitsandbytes is the installed version, imported only by the 4-bit setups.
+    """
     import torch
 
     out: Dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda}
-    for name in ("transformers", "peft", "accelerate"):
+    files: Dict[str, Optional[str]] = {}
+    for name in STACK_MODULES:
         try:
-            out[name] = importlib.import_module(name).__version__
+            mod = importlib.import_module(name)
+            out[name] = mod.__version__
+            files[name] = os.path.dirname(mod.__file__ or "")
         except Exception as e:  # reported, not fatal: the setups then fail with the same error
             out[name] = None
             out[f"{name}_error"] = f"{type(e).__name__}: {e}"
@@ -207,6 +256,11 @@ def library_versions() -> Dict[str, Any]:
     out["trl"] = getattr(trl, "__version__", None) if isinstance(trl, types.ModuleType) else None
     out["trl_installed"] = _installed_version("trl")
     out["bitsandbytes"] = _installed_version("bitsandbytes")
+    bnb = sys.modules.get("bitsandbytes")
+    files["bitsandbytes"] = os.path.dirname(bnb.__file__) if isinstance(bnb, types.ModuleType) else None
+    out["files"] = files
+    # Set by gpu-run.sh: which stack it installed ("carried" wheels, or the machine's own and why).
+    out["stack"] = os.environ.get("RAYDROP_BENCH_STACK", "as installed (not run through gpu-run.sh)")
     return out
 
 
@@ -390,13 +444,14 @@ class SampleMaker:
 class Collate:
     """Pads like data.Collator, adds what it adds, and checks that samples arrive in order (the figures rely on it)."""
 
-    def __init__(self, image_token_id: int):
+    def __init__(self, image_token_id: int, with_positions: bool = True):
         import data
 
         self.image_token_id = image_token_id
         self.expected = 0
-        # The LM head's target positions, computed on the host as data.Collator does (where it does).
-        self.label_positions = getattr(data, "label_positions", None)
+        # The LM head's target positions, computed on the host as data.Collator does, for
+        # raydrop's loss only: the stock path passes the batch to the model as it is.
+        self.label_positions = getattr(data, "label_positions", None) if with_positions else None
 
     def __call__(self, rows):
         import torch
@@ -496,6 +551,48 @@ def raydrop_trainer_without_trl():
             super().__init__(model=model, args=args, **kwargs)
 
     return sft._make_trainer_class(SFTLikeTrainer)
+
+
+def tutorial_trainer_without_trl():
+    """TRL 0.21's SFTTrainer training path as the tutorial ran it, on transformers' Trainer.
+
+    The loss is transformers' stock one: Trainer.compute_loss calls
+    model(**inputs) with the labels, and Gemma 3 computes full-vocabulary
+    logits at every position, up-casts them to fp32 and takes a mean
+    cross-entropy. On top, what trl==0.21.0's SFTTrainer.compute_loss does
+    every micro-batch (trl/trainer/sft_trainer.py): gather the attention-mask
+    token count and read it on the host, argmax the full logits for the token
+    accuracy, gather both counts and read the accuracy on the host. The
+    Trainer decides model_accepts_loss_kwargs itself, as under TRL.
+    """
+    from transformers import Trainer
+
+    class TutorialSFTTrainer(Trainer):
+        def __init__(self, model=None, args=None, peft_config=None, **kwargs):
+            if peft_config is not None:
+                model = peft_model_like_trl(model, peft_config, args)
+            super().__init__(model=model, args=args, **kwargs)
+            self._total_train_tokens = 0
+            self._token_accuracy: List[float] = []
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+            if self.model.training:
+                self._total_train_tokens += self.accelerator.gather_for_metrics(
+                    inputs["attention_mask"].sum()).sum().item()
+            if "labels" in inputs:
+                shift_logits = outputs.logits[..., :-1, :].contiguous()
+                shift_labels = inputs["labels"][..., 1:].contiguous()
+                predictions = shift_logits.argmax(dim=-1)
+                mask = shift_labels != -100
+                correct = self.accelerator.gather_for_metrics(((predictions == shift_labels) & mask).sum())
+                total = self.accelerator.gather_for_metrics(mask.sum())
+                total_sum = total.sum()
+                self._token_accuracy.append((correct.sum() / total_sum).item() if total_sum > 0 else 0.0)
+            return (loss, outputs) if return_outputs else loss
+
+    return TutorialSFTTrainer
 
 
 def peft_model_like_trl(model, peft_config, training_args):
@@ -678,9 +775,35 @@ def shape_figures(shape: str, rows: List[Dict[str, Any]], setup: Dict[str, Any],
     return {k: (_finite(v) if isinstance(v, float) else v) for k, v in res.items()}
 
 
+def build_model_or_fallback(config, setup: Dict[str, Any], use_gpu: bool, args, result: Dict[str, Any]):
+    """build_model; a 4-bit setup that cannot quantise here (no bitsandbytes, or none for this CUDA)
+    is built in bf16 instead when --4bit-fallback is bf16, and says so (result["fallback"])."""
+    try:
+        return build_model(config, setup, use_gpu), setup
+    except Exception as e:
+        if setup["quantization"] != "4bit" or args.four_bit_fallback != "bf16":
+            raise
+        reason = f"{type(e).__name__}: {e}"[:1000]
+    gc.collect()
+    if use_gpu:
+        import torch
+
+        torch.cuda.empty_cache()
+    effective = dict(setup, quantization="none")
+    result["fallback"] = (f"bf16 instead of 4-bit NF4 ({reason}). Changes: no dequantisation in the matmuls "
+                          "(faster), no fp32 up-cast of the non-quantised weights by "
+                          "prepare_model_for_kbit_training, about 3x the weight memory; the FLOPs counted are "
+                          "the same. This row is not the tutorial's 4-bit speed.")
+    print(f"  FALLBACK: {result['fallback']}", flush=True)
+    return build_model(config, effective, use_gpu), effective
+
+
 def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, int], peak: Optional[float],
               deadline: float, result: Dict[str, Any]) -> None:
-    """Builds, trains and measures one setup; fills `result` as it goes (kept when a step fails)."""
+    """Builds, trains and measures one setup; fills `result` as it goes (kept when a step fails).
+
+    args here are the setup's own (its shapes, warmup and timed steps).
+    """
     import torch
 
     import modeling
@@ -689,9 +812,11 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
     per_step = setup["per_device_batch_size"] * setup["gradient_accumulation_steps"]
     steps_per_shape = args.warmup + args.steps
     max_steps = steps_per_shape * len(shapes)
+    raydrop_loss = setup["loss"] == "raydrop"
 
     t0 = time.perf_counter()
-    model, result["quantization_applied"] = build_model(config, setup, use_gpu)
+    (model, result["quantization_applied"]), setup = build_model_or_fallback(config, setup, use_gpu, args, result)
+
     result["total_parameters"] = sum(p.numel() for p in model.parameters())
 
     maker = SampleMaker(config, args.text_tokens, args.completion_tokens)
@@ -705,7 +830,11 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
     ns = training_namespace(setup, max_steps, use_gpu)
     out_dir = tempfile.mkdtemp(prefix="raydrop-bench-")
     timer = StepTimer(use_gpu, steps_per_shape, deadline)
-    common = dict(train_dataset=rows, data_collator=Collate(config.image_token_index), callbacks=[timer.callback()])
+
+    def collate():
+        return Collate(config.image_token_index, with_positions=raydrop_loss)
+
+    common = dict(train_dataset=rows, data_collator=collate(), callbacks=[timer.callback()])
 
     notes: List[str] = []
     trainer = None
@@ -723,10 +852,16 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
         failure = ""
         try:
             cfg, _ = training_arguments(ns, out_dir, with_trl=True)
-            cls = _in_order(sft.trainer_class())
+            if raydrop_loss:
+                cls = _in_order(sft.trainer_class())
+            else:
+                from trl import SFTTrainer
+
+                cls = _in_order(SFTTrainer)
             trainer = cls(model=model, args=cfg, peft_config=peft_config, processing_class=placeholder_tokenizer(),
                           **common)
-            result["trainer_class"] = f"{_class_label(cls)} on trl.SFTTrainer"
+            result["trainer_class"] = (f"{_class_label(cls)} on trl.SFTTrainer" if raydrop_loss
+                                       else f"{_class_label(cls)} (stock loss)")
         except Exception as e:
             if args.trainer == "trl":
                 raise
@@ -739,15 +874,20 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
             if use_gpu:
                 torch.cuda.empty_cache()
             model, result["quantization_applied"] = build_model(config, setup, use_gpu)
-            common["data_collator"] = Collate(config.image_token_index)
+            common["data_collator"] = collate()
     if trainer is None:
         cfg, dropped = training_arguments(ns, out_dir, with_trl=False)
         if dropped:
             notes.append("TrainingArguments without " + ", ".join(dropped) + " (SFTConfig-only or unknown here)")
-        cls = _in_order(raydrop_trainer_without_trl())
+        if raydrop_loss:
+            cls = _in_order(raydrop_trainer_without_trl())
+            label = "on transformers.Trainer (no TRL; PEFT applied as TRL 0.21's SFTTrainer does)"
+        else:
+            cls = _in_order(tutorial_trainer_without_trl())
+            label = ("on transformers.Trainer: stock loss (model(labels=...), full fp32 logits) and TRL 0.21 "
+                     "SFTTrainer's per-micro-batch token count and accuracy; PEFT applied as TRL 0.21 does")
         trainer = cls(model=model, args=cfg, peft_config=peft_config, **common)
-        result["trainer_class"] = (f"{_class_label(cls)} on transformers.Trainer (no TRL; PEFT applied as "
-                                   f"TRL 0.21's SFTTrainer does)")
+        result["trainer_class"] = f"{_class_label(cls)} {label}"
     del model  # the trainer holds it (wrapped)
     timer.watch_head(trainer)
     result["trainer_notes"] = notes
@@ -755,11 +895,13 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
     result["build_seconds"] = time.perf_counter() - t0
 
     error: Optional[BaseException] = None
+    t1 = time.perf_counter()
     try:
         trainer.train()
     except Exception as e:  # keep the shapes already measured, then report the failure
         error = e
     finally:
+        result["train_seconds"] = time.perf_counter() - t1
         shutil.rmtree(out_dir, ignore_errors=True)
         for i, shape in enumerate(shapes):
             result["shapes"][shape] = shape_figures(shape, rows, setup, timer, i, args, g, peak)
@@ -769,14 +911,27 @@ def run_setup(setup: Dict[str, Any], args, config, use_gpu: bool, g: Dict[str, i
         raise error
 
 
+def setup_args(setup: Dict[str, Any], args):
+    """The run's arguments with this setup's shapes and step counts (the ablations' are shorter)."""
+    sargs = copy.copy(args)
+    if setup["name"].startswith("tutorial+"):
+        sargs.shapes = [s for s in args.ablation_shapes]
+        sargs.warmup, sargs.steps = args.ablation_warmup, args.ablation_steps
+    return sargs
+
+
 def run_setup_safely(setup, args, config, use_gpu, g, peak, deadline) -> Dict[str, Any]:
+    sargs = setup_args(setup, args)
     result: Dict[str, Any] = {"name": setup["name"], "status": "ok", "error": None, "config": dict(setup),
+                              "fallback": None, "steps": {"warmup_per_shape": sargs.warmup,
+                                                          "timed_per_shape": sargs.steps},
                               "trainer_class": None, "trainer_notes": [], "shapes": {}}
     if time.monotonic() > deadline:
         result.update(status="skipped", error="not started: the time limit (--time-limit) was reached")
         return result
+    t0 = time.perf_counter()
     try:
-        run_setup(setup, args, config, use_gpu, g, peak, deadline, result)
+        run_setup(setup, sargs, config, use_gpu, g, peak, deadline, result)
     except Exception as e:  # includes torch.cuda.OutOfMemoryError: record it and go on
         result["status"] = "failed"
         result["error"] = f"{type(e).__name__}: {e}"[:4000]
@@ -788,6 +943,7 @@ def run_setup_safely(setup, args, config, use_gpu, g, peak, deadline) -> Dict[st
 
             torch.cuda.empty_cache()
             result["memory_left_gib"] = torch.cuda.memory_allocated() / 2 ** 30  # after freeing the setup
+        result["seconds"] = time.perf_counter() - t0
     return result
 
 
@@ -798,30 +954,67 @@ def _fmt(v: Optional[float], spec: str, scale: float = 1.0) -> str:
     return "-" if v is None else format(v * scale, spec)
 
 
-def print_table(report: Dict[str, Any]) -> None:
-    head = (f"{'setup':<9} {'shape':<7} {'tokens/s/GPU':>13} {'samples/s':>10} {'step mean':>10} "
-            f"{'step p50':>9} {'peak GiB':>9} {'MFU %':>7} {'HFU %':>7}")
-    print("\n" + head)
-    print("-" * len(head))
+NAME_WIDTH = 22
+TABLE_HEAD = (f"{'setup':<{NAME_WIDTH}} {'shape':<7} {'tokens/s/GPU':>13} {'samples/s':>10} {'step mean':>10} "
+              f"{'step p50':>9} {'peak GiB':>9} {'MFU %':>7} {'HFU %':>7}")
+
+MFU_CONVENTION = (
+    "MFU = model FLOPs of the timed steps / their time / the GPU's dense BF16 peak (H200 SXM: 989.4 TFLOP/s, "
+    "half NVIDIA's with-sparsity figure). Model FLOPs as bench/flops.py counts them: 2N per token forward "
+    "for every matmul, 2N backward for activation gradients, +2N only for trainable weights, attention "
+    "4 T^2 width forward and twice that backward, the vision tower included (4,096 patches per image), "
+    "the LM head at the positions it really ran at, each sample at its unpadded length. HFU adds padding "
+    "and gradient-checkpointing recompute. 4-bit dequantisation is not counted.")
+
+
+def setup_rows(name: str, r: Dict[str, Any]) -> List[str]:
+    lines = []
+    for shape, s in r["shapes"].items():
+        lines.append(f"{name:<{NAME_WIDTH}} {shape:<7} {_fmt(s['tokens_per_second_per_gpu'], '13,.0f')} "
+                     f"{_fmt(s['samples_per_second'], '10.3f')} {_fmt(s['step_time_mean_s'], '9.3f')}s "
+                     f"{_fmt(s['step_time_p50_s'], '8.3f')}s {_fmt(s['peak_memory_gib'], '9.1f')} "
+                     f"{_fmt(s['mfu'], '7.2f', 100)} {_fmt(s['hfu'], '7.2f', 100)}")
+    if r["status"] != "ok":
+        lines.append(f"{name:<{NAME_WIDTH}} {r['status'].upper()}: {r['error']}")
+    if r.get("fallback"):
+        lines.append(f"{name:<{NAME_WIDTH}} FALLBACK: {r['fallback']}")
+    return lines
+
+
+def table_lines(report: Dict[str, Any]) -> List[str]:
+    lines = [TABLE_HEAD, "-" * len(TABLE_HEAD)]
     for name, r in report["setups"].items():
-        for shape, s in r["shapes"].items():
-            print(f"{name:<9} {shape:<7} {_fmt(s['tokens_per_second_per_gpu'], '13,.0f')} "
-                  f"{_fmt(s['samples_per_second'], '10.3f')} {_fmt(s['step_time_mean_s'], '9.3f')}s "
-                  f"{_fmt(s['step_time_p50_s'], '8.3f')}s {_fmt(s['peak_memory_gib'], '9.1f')} "
-                  f"{_fmt(s['mfu'], '7.2f', 100)} {_fmt(s['hfu'], '7.2f', 100)}")
-        if r["status"] != "ok":
-            print(f"{name:<9} {r['status'].upper()}: {r['error']}")
+        lines += setup_rows(name, r)
+    tut = report["setups"].get("tutorial") or {}
+    label = " (tutorial in bf16: fallback, not 4-bit)" if tut.get("fallback") else ""
     for shape, ratio in report["ratios"].items():
-        print(f"raydrop / tutorial tokens/s, {shape} shape = {_fmt(ratio, '.1f')}x (target >= 20x)")
+        lines.append(f"raydrop / tutorial tokens/s, {shape} shape = {_fmt(ratio, '.1f')}x (target >= 20x){label}")
     for name, r in report["setups"].items():
-        print(f"{name}: {r['trainer_class'] or 'no trainer'}"
-              + "".join(f"\n  note: {n}" for n in r["trainer_notes"]))
+        lines.append(f"{name}: {r['trainer_class'] or 'no trainer'}"
+                     + "".join(f"\n  note: {n}" for n in r["trainer_notes"]))
     v = report["versions"]
-    print("versions: " + ", ".join(f"{k} {v.get(k)}" for k in
-                                   ("torch", "transformers", "peft", "accelerate", "trl", "bitsandbytes")))
-    print(f"device: {report['device']['name']}; peak: {report['device']['peak_source']}")
+    lines.append("versions: " + ", ".join(f"{k} {v.get(k)}" for k in (
+        "python", "torch", "cuda", "transformers", "tokenizers", "huggingface_hub", "peft", "accelerate", "trl",
+        "bitsandbytes")))
+    lines.append(f"stack: {v.get('stack')}")
+    lines.append(f"device: {report['device']['name']}; peak: {report['device']['peak_source']}")
+    lines.append(MFU_CONVENTION)
+    if report.get("wall_seconds") is not None:
+        lines.append(f"wall time {report['wall_seconds']:.0f} s")
     if report["dry_run"]:
-        print("[dry run: tiny model on CPU, the figures mean nothing]")
+        lines.append("[dry run: tiny model on CPU, the figures mean nothing]")
+    return lines
+
+
+def print_table(report: Dict[str, Any]) -> None:
+    print("\n" + "\n".join(table_lines(report)), flush=True)
+
+
+def write_table(path: str, report: Dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(table_lines(report)) + "\n")
+    os.replace(tmp, path)
 
 
 def write_json(path: str, report: Dict[str, Any]) -> None:
@@ -846,22 +1039,43 @@ def print_arithmetic(g: Dict[str, int], setup: Dict[str, Any], positions: int, t
 # --------------------------------------------------------------------------- main
 
 
+def ratios(report: Dict[str, Any], shapes: Sequence[str]) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    for shape in shapes:
+        try:
+            a = report["setups"]["raydrop"]["shapes"][shape]["tokens_per_second_per_gpu"]
+            b = report["setups"]["tutorial"]["shapes"][shape]["tokens_per_second_per_gpu"]
+            out[shape] = a / b if a and b else None
+        except KeyError:
+            out[shape] = None
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="tiny model on CPU, 1 warmup + 2 timed steps per shape")
+    p.add_argument("--dry-run", action="store_true",
+                   help="tiny model on CPU: 1 warmup + 2 timed steps per shape, 1 timed step per tutorial+<change>")
     p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per shape and setup")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps before each shape's timed ones")
-    p.add_argument("--setups", default="raydrop,tutorial", help="comma-separated, run in this order")
+    p.add_argument("--setups", default="raydrop,tutorial,ablations",
+                   help="comma-separated, run in this order: raydrop, tutorial, tutorial+<change>, or ablations "
+                        "(every tutorial+<change>: the tutorial with one of raydrop's changes)")
+    p.add_argument("--ablation-shapes", default="fixed", help="shapes of the tutorial+<change> rows")
+    p.add_argument("--ablation-steps", type=int, default=5, help="timed optimizer steps of a tutorial+<change> row")
+    p.add_argument("--ablation-warmup", type=int, default=2, help="warmup steps of a tutorial+<change> row")
+    p.add_argument("--4bit-fallback", dest="four_bit_fallback", choices=("bf16", "fail"), default="bf16",
+                   help="bf16: a 4-bit setup that cannot quantise here runs in bf16, labelled as a fallback")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: fixed, varied")
     p.add_argument("--trainer", choices=("auto", "trl", "transformers"), default="auto",
                    help="auto: RaydropSFTTrainer when TRL works, else transformers' Trainer with the same loss")
     p.add_argument("--text-tokens", type=int, default=152, help="text tokens per fixed sample, bos included")
     p.add_argument("--completion-tokens", type=int, default=60, help="answer tokens per fixed sample")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="dense BF16 peak; default: by GPU name")
-    p.add_argument("--time-limit", type=float, default=420.0,
+    p.add_argument("--time-limit", type=float, default=390.0,
                    help="seconds: stop training (and skip setups not started) past this; figures keep the steps run")
     p.add_argument("--out", default="", help=f"folder for {RESULT_FILE} (default: the current folder)")
     p.add_argument("--json", default="", help=f"result path (default: <--out>/{RESULT_FILE})")
+    p.add_argument("--table", default="", help=f"table path (default: beside the JSON, {TABLE_FILE})")
     args = p.parse_args(argv)
     start = time.monotonic()
 
@@ -872,17 +1086,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.dry_run:
         args.steps, args.warmup, args.text_tokens, args.completion_tokens = 2, 1, 40, 10
-    args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    bad = [s for s in args.shapes if s not in SHAPES]
-    if bad or not args.shapes:
-        p.error(f"--shapes: unknown {bad}; known {list(SHAPES)}")
-    all_setups = {"raydrop": raydrop_setup, "tutorial": tutorial_setup}
-    names = [s.strip() for s in args.setups.split(",") if s.strip()]
-    if not names or any(n not in all_setups for n in names):
-        p.error(f"--setups: expected names from {list(all_setups)}, got {args.setups!r}")
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+        args.ablation_steps, args.ablation_warmup = 1, 0
+    for flag in ("shapes", "ablation_shapes"):
+        shapes = [s.strip() for s in getattr(args, flag).split(",") if s.strip()]
+        bad = [s for s in shapes if s not in SHAPES]
+        if bad or not shapes:
+            p.error(f"--{flag.replace('_', '-')}: unknown {bad}; known {list(SHAPES)}")
+        setattr(args, flag, shapes)
+    known = all_setups()
+    names: List[str] = []
+    for n in (s.strip() for s in args.setups.split(",") if s.strip()):
+        names += [k for k in known if k.startswith("tutorial+")] if n == "ablations" else [n]
+    if not names or any(n not in known for n in names):
+        p.error(f"--setups: expected names from {list(known) + ['ablations']}, got {args.setups!r}")
+    if args.steps < 1 or args.warmup < 0 or args.ablation_steps < 1 or args.ablation_warmup < 0:
+        p.error("--steps and --ablation-steps must be >= 1, --warmup and --ablation-warmup >= 0")
     json_path = args.json or os.path.join(args.out or ".", RESULT_FILE)
+    table_path = args.table or os.path.join(os.path.dirname(os.path.abspath(json_path)), TABLE_FILE)
 
     use_gpu = torch.cuda.is_available() and not args.dry_run
     if use_gpu:
@@ -898,7 +1118,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "versions": library_versions(),
         "model": ("tiny Gemma 3 (dry run)" if args.dry_run
                   else "Gemma 3 4B (google/gemma-3-4b-it config), random weights"),
-        "steps": {"warmup_per_shape": args.warmup, "timed_per_shape": args.steps},
+        "steps": {"warmup_per_shape": args.warmup, "timed_per_shape": args.steps,
+                  "ablations": {"warmup_per_shape": args.ablation_warmup, "timed_per_shape": args.ablation_steps,
+                                "shapes": args.ablation_shapes}},
+        "mfu_convention": MFU_CONVENTION,
         "shapes": {
             "fixed": (f"{args.text_tokens} text tokens (bos included) + one image block = {fixed_positions} "
                       f"positions, no padding"),
@@ -922,7 +1145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     deadline = start + args.time_limit
 
     for name in names:
-        setup = all_setups[name]()
+        setup = known[name]
         print(f"\n== {name}: " + ", ".join(f"{k}={v}" for k, v in setup.items() if k != "name"), flush=True)
         res = run_setup_safely(setup, args, config, use_gpu, g, peak, deadline)
         report["setups"][name] = res
@@ -930,22 +1153,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if res["status"] == "ok" and fixed.get("samples"):
             head = fixed["lm_head_positions"] / fixed["samples"] if fixed.get("lm_head_positions") else None
             print_arithmetic(g, setup, fixed_positions, f"  model FLOPs per fixed sample ({name}):", head)
-        else:
+        elif res["status"] != "ok":
             print(f"  {res['status'].upper()}: {res['error']}", flush=True)
+        # The setup's figures now, so that a run killed later still shows them.
+        print(f"  {name}: built in {_fmt(res.get('build_seconds'), '.1f')} s, trained in "
+              f"{_fmt(res.get('train_seconds'), '.1f')} s, {res['seconds']:.1f} s in all; at "
+              f"{time.monotonic() - start:.0f} s of the run", flush=True)
+        print("  " + TABLE_HEAD + "\n" + "\n".join("  " + line for line in setup_rows(name, res)), flush=True)
         report["versions"] = library_versions()
+        report["ratios"] = ratios(report, args.shapes)
+        report["wall_seconds"] = time.monotonic() - start
         write_json(json_path, report)  # after every setup: a killed run still leaves its figures
+        write_table(table_path, report)
 
-    for shape in args.shapes:
-        try:
-            a = report["setups"]["raydrop"]["shapes"][shape]["tokens_per_second_per_gpu"]
-            b = report["setups"]["tutorial"]["shapes"][shape]["tokens_per_second_per_gpu"]
-            report["ratios"][shape] = a / b if a and b else None
-        except KeyError:
-            report["ratios"][shape] = None
+    report["ratios"] = ratios(report, args.shapes)
     report["wall_seconds"] = time.monotonic() - start
     write_json(json_path, report)
+    write_table(table_path, report)
     print_table(report)
-    print(f"result: {os.path.abspath(json_path)}")
+    print(f"result: {os.path.abspath(json_path)}\ntable: {os.path.abspath(table_path)}")
 
     if args.dry_run:
         g4 = flops.dims(build_config(GEMMA3_4B))

@@ -59,6 +59,21 @@ def test_raydrop_setup_is_the_trainer_default(monkeypatch):
     tut = bench.tutorial_setup()
     assert {k: tut[k] for k in cli.TUTORIAL_MODEL_CHOICES} == cli.TUTORIAL_MODEL_CHOICES
     assert (tut["per_device_batch_size"], tut["gradient_accumulation_steps"]) == (1, 4)
+    assert (tut["loss"], setup["loss"]) == ("stock", "raydrop")
+
+
+def test_ablations_change_one_thing_each():
+    import bench
+
+    tut, ray = bench.tutorial_setup(), bench.raydrop_setup()
+    rows = bench.ablation_setups()
+    assert [r["name"] for r in rows] == [
+        "tutorial+bf16", "tutorial+sdpa", "tutorial+text-lora", "tutorial+frozen-head", "tutorial+no-ckpt",
+        "tutorial+answer-only", "tutorial+batch", "tutorial+raydrop-loss"]
+    for r in rows:
+        changed = {k for k in tut if k != "name" and r[k] != tut[k]}
+        assert changed and all(r[k] == ray[k] for k in changed), r["name"]
+        assert len(changed) == (2 if r["name"] == "tutorial+batch" else 1), (r["name"], changed)
 
 
 def test_peak_by_exact_gpu_name():
@@ -79,7 +94,7 @@ def _check_ok_setup(report, name):
     assert r["status"] == "ok" and r["error"] is None, r.get("traceback")
     assert isinstance(r["trainer_class"], str) and r["trainable_parameters"] > 0
     for shape, s in r["shapes"].items():
-        assert s["timed_steps"] == s["timed_steps_planned"] == report["steps"]["timed_per_shape"]
+        assert s["timed_steps"] == s["timed_steps_planned"] == r["steps"]["timed_per_shape"]
         assert 0 < s["tokens"] <= s["positions"]
         assert isinstance(s["lm_head_positions"], int) and s["lm_head_positions"] > 0  # observed, not assumed
         for key in SHAPE_NUMBERS:
@@ -91,9 +106,10 @@ def test_bench_dry_run(tmp_path, capsys):
     import bench
 
     out = tmp_path / "result.json"
-    assert bench.main(["--dry-run", "--json", str(out)]) == 0
+    assert bench.main(["--dry-run", "--setups", "raydrop,tutorial", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "raydrop / tutorial tokens/s" in text and "Gemma 3 4B arithmetic" in text
+    assert "raydrop / tutorial tokens/s" in text and "Gemma 3 4B arithmetic" in text and "MFU = model FLOPs" in text
+    assert (tmp_path / bench.TABLE_FILE).read_text().startswith(bench.TABLE_HEAD)
 
     report = json.loads(out.read_text())
     assert report["dry_run"] is True
@@ -112,6 +128,11 @@ def test_bench_dry_run(tmp_path, capsys):
     assert ray["trainer_class"].endswith("RaydropSFTTrainer on trl.SFTTrainer")
     tut = _check_ok_setup(report, "tutorial")
     assert tut["config"]["quantization"] == "4bit" and tut["quantization_applied"].startswith("none")
+    # The tutorial as it ran: TRL's SFTTrainer, the model's own loss, the LM head at every position.
+    assert tut["trainer_class"].endswith("SFTTrainer (stock loss)") and tut["fallback"] is None
+    for s in tut["shapes"].values():
+        assert s["lm_head_positions"] == s["positions"]
+    assert fixed["lm_head_positions"] < fixed["tokens"]  # raydrop's loss: the head at the targets only
     assert all(isinstance(v, float) and v > 0 for v in report["ratios"].values())
 
 
@@ -142,7 +163,8 @@ def test_a_failing_setup_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench, "build_model", build)
     out = tmp_path / "result.json"
-    assert bench.main(["--dry-run", "--shapes", "fixed", "--trainer", "transformers", "--json", str(out)]) == 0
+    assert bench.main(["--dry-run", "--setups", "raydrop,tutorial", "--shapes", "fixed", "--trainer", "transformers",
+                       "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["setups"]["raydrop"]["status"] == "failed"
     assert "out of memory" in report["setups"]["raydrop"]["error"]
@@ -182,3 +204,97 @@ def test_in_memory_4bit_quantization(tmp_path):
     loss = sft.token_mean_loss(model(**batch), labels)
     loss.backward()
     assert math.isfinite(loss.item())
+
+
+def test_tutorial_without_trl_is_trl_0_21s_training_path(tmp_path):
+    """The tutorial's trainer on a machine without TRL computes what TRL 0.21's SFTTrainer does."""
+    trl = pytest.importorskip("trl")
+    import torch
+
+    import bench
+
+    config = bench.build_config(bench.TINY)
+    setup = bench.tutorial_setup()
+    rows = bench.SampleMaker(config, 40, 10).rows("varied", 2, False, 0)
+    ns = bench.training_namespace(setup, 1, False)
+    got = {}
+    for name in ("trl", "replica"):
+        model, _ = bench.build_model(config, dict(setup, quantization="none"), False)
+        batch = bench.Collate(config.image_token_index, with_positions=False)(rows)
+        if name == "trl":
+            args, _ = bench.training_arguments(ns, str(tmp_path / name), with_trl=True)
+            tr = trl.SFTTrainer(model=model, args=args, train_dataset=rows,
+                                processing_class=bench.placeholder_tokenizer())
+        else:
+            args, _ = bench.training_arguments(ns, str(tmp_path / name), with_trl=False)
+            tr = bench.tutorial_trainer_without_trl()(model=model, args=args, train_dataset=rows)
+        tr.model.train()
+        loss = tr.compute_loss(tr.model, dict(batch), num_items_in_batch=torch.tensor(7))
+        acc = tr._metrics["train"]["mean_token_accuracy"] if name == "trl" else tr._token_accuracy
+        got[name] = (loss.item(), tr._total_train_tokens, acc)
+    assert got["replica"][0] == pytest.approx(got["trl"][0])
+    assert got["replica"][1:] == got["trl"][1:]
+
+
+def test_a_4bit_setup_that_cannot_quantise_falls_back_to_bf16(tmp_path, monkeypatch):
+    import bench
+
+    real = bench.build_model
+
+    def build(config, setup, use_gpu):
+        if setup["quantization"] == "4bit":
+            raise RuntimeError("no bitsandbytes library for CUDA 13.0 (simulated)")
+        return real(config, setup, use_gpu)
+
+    monkeypatch.setattr(bench, "build_model", build)
+    out = tmp_path / "result.json"
+    assert bench.main(["--dry-run", "--setups", "raydrop,tutorial", "--shapes", "fixed", "--trainer", "transformers",
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    tut = _check_ok_setup(report, "tutorial")
+    assert "CUDA 13.0" in tut["fallback"] and tut["config"]["quantization"] == "4bit"
+    table = (tmp_path / bench.TABLE_FILE).read_text()
+    assert "tutorial in bf16: fallback, not 4-bit" in table and "FALLBACK" in table
+
+    out2 = tmp_path / "fail.json"
+    assert bench.main(["--dry-run", "--setups", "tutorial", "--shapes", "fixed", "--trainer", "transformers",
+                       "--4bit-fallback", "fail", "--json", str(out2)]) == 0
+    assert json.loads(out2.read_text())["setups"]["tutorial"]["status"] == "failed"
+
+
+def test_gpu_command_dry_run_on_carried_wheels(tmp_path):
+    """bench/gpu-run.sh as the GPU machine runs it, with --dry-run: the pack's wheels installed into a clean
+    folder shadow the virtualenv's, the benchmark runs every setup and ends with valid JSON
+    (make gpu-bench-dry-run, in make test, sets RAYDROP_GPU_BENCH_PACK)."""
+    import subprocess
+
+    pack = os.environ.get("RAYDROP_GPU_BENCH_PACK")
+    if not pack:
+        pytest.skip("RAYDROP_GPU_BENCH_PACK unset: make gpu-bench-dry-run runs this")
+    site, out = tmp_path / "site", tmp_path / "out"
+    env = dict(os.environ, RAYDROP_BENCH_PACK=pack, RAYDROP_BENCH_SITE=str(site), OUT=str(out),
+               RAYDROP_BENCH_PYTHON=os.environ.get("RAYDROP_BENCH_PYTHON", sys.executable))
+    env.pop("PYTHONPATH", None)
+    script = os.path.join(TRAINER_DIR, "bench", "gpu-run.sh")
+    proc = subprocess.run(["bash", script, "--dry-run"], cwd=os.path.dirname(TRAINER_DIR), env=env,
+                          capture_output=True, text=True, timeout=600)
+    print(proc.stdout[-6000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    assert "gpu-run: wheels installed" in proc.stdout and "benchmark finished (exit 0)" in proc.stdout
+
+    import bench
+
+    report = json.loads((out / "bench-result.json").read_text())
+    assert report["dry_run"] is True and report["mfu_convention"] == bench.MFU_CONVENTION
+    v = report["versions"]
+    assert v["stack"].startswith(f"carried wheels in {site}")
+    assert (v["transformers"], v["tokenizers"], v["peft"], v["accelerate"]) == ("4.55.2", "0.21.4", "0.17.0",
+                                                                                 "1.10.0")
+    for name, folder in v["files"].items():
+        if name != "bitsandbytes":
+            assert os.path.realpath(folder).startswith(os.path.realpath(site)), (name, folder)
+    assert v["trl"] is None  # the machine has no TRL: the dry run takes the same path
+    assert list(report["setups"]) == ["raydrop", "tutorial"] + [s["name"] for s in bench.ablation_setups()]
+    for name in report["setups"]:
+        _check_ok_setup(report, name)
+    assert "tutorial+raydrop-loss" in (out / "bench-table.txt").read_text()
