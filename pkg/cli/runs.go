@@ -299,6 +299,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if c := capacityText(r); c != "" {
 		fmt.Fprintf(tw, "capacity\t%s\n", c)
 	}
+	if line := checkText(r); line != "" {
+		fmt.Fprintf(tw, "data check\t%s\n", line)
+	}
 	if line := progressText(r, time.Now()); line != "" {
 		fmt.Fprintf(tw, "progress\t%s\n", line)
 	}
@@ -315,6 +318,36 @@ func describe(w io.Writer, r *runs.Record) {
 			fmt.Fprintf(w, "checkpoint  %s  step %d  epoch %g\n", c.URI, c.Step, c.Epoch)
 		}
 	}
+}
+
+// checkText is what the data check found, in one line: "running (RayJob
+// x)" until it has a verdict, then its rows, lengths, steps and estimate, or
+// why it refused the run.
+func checkText(r *runs.Record) string {
+	c := r.Check
+	switch {
+	case c == nil:
+		return ""
+	case c.Result == nil:
+		return "running (RayJob " + c.RayJob + ")"
+	case !c.Result.OK:
+		return "refused: " + c.Result.Reason
+	}
+	res := c.Result
+	var parts []string
+	if n := res.Rows; n != nil {
+		parts = append(parts, fmt.Sprintf("%d rows (%d train, %d held out, %d left out)", n.Total, n.Train, n.Eval, n.LeftOut))
+	}
+	if t := res.Tokens; t != nil {
+		parts = append(parts, fmt.Sprintf("tokens p50 %d p90 %d max %d of %d", t.P50, t.P90, t.Max, t.MaxSeqLength))
+	}
+	if st := res.Steps; st != nil {
+		parts = append(parts, fmt.Sprintf("%d steps", st.Total))
+	}
+	if e := res.Estimate; e != nil {
+		parts = append(parts, fmt.Sprintf("about %s, %.1f GPU-hours, $%.2f", time.Duration(e.Seconds*float64(time.Second)).Round(time.Second), e.GPUHours, e.USD))
+	}
+	return "passed: " + strings.Join(parts, " · ")
 }
 
 // capacityText is "tier 2 of 3 (spot) since 10:04:05 · 1 preemption" for
