@@ -41,8 +41,10 @@ func decideCheck(o Observation) Decision {
 	}
 	jobName := names.RayJob(r.RunID, r.Attempt)
 	if o.Job == nil {
-		if o.Sweep && o.Now.Sub(since) > lostJob {
-			return Decision{Action: Recheck}
+		// Submit creates the check's RayJob on the provisioned message:
+		// a lost message, or a lost RayJob, is sent again.
+		if o.Sweep && o.Now.Sub(r.UpdatedAt) > lostJob {
+			return Decision{Action: Resend, Topic: pipeline.TopicProvisioned}
 		}
 		return Decision{Action: Wait}
 	}

@@ -57,7 +57,6 @@ const (
 	Succeed  Action = "succeed"   // the attempt succeeded: record it running if no check saw it, then finish
 	Retry    Action = "retry"     // start the next attempt (Why the current one is given up)
 	Checked  Action = "checked"   // the data check passed: record it and start the first attempt
-	Recheck  Action = "recheck"   // the check's RayJob is missing: create it again (sweep)
 )
 
 // Decision is what Decide decided.

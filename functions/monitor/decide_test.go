@@ -79,7 +79,7 @@ func TestDecide(t *testing.T) {
 		{"queued, cancelled", Observation{Run: rec(runs.Queued, cancelled), Sweep: true, Now: soon}, Finish, runs.ReasonCancelled, "", false},
 		{"checking, job pending", Observation{Run: rec(runs.Checking), Job: job(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning), Now: soon}, Wait, "", "", false},
 		{"checking, job not listed yet", Observation{Run: rec(runs.Checking), Sweep: true, Now: soon}, Wait, "", "", false},
-		{"checking, job lost", Observation{Run: rec(runs.Checking), Sweep: true, Now: t0.Add(lostJob + time.Second)}, Recheck, "", "", false},
+		{"checking, job lost", Observation{Run: rec(runs.Checking), Sweep: true, Now: t0.Add(lostJob + time.Second)}, Resend, "", pipeline.TopicProvisioned, false},
 		{"checking, passed", Observation{Run: rec(runs.Checking), Job: running, Check: &checkpoints.DataCheck{OK: true}, Now: soon}, Checked, "", "", false},
 		{"checking, bad data", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidData", Message: "d/metadata.jsonl line 6 column 'image': image does not decode"}, Now: soon}, Finish, runs.InvalidData, "", false},
 		{"checking, bad model", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidModel", Message: "not Gemma 3"}, Now: soon}, Finish, runs.InvalidModel, "", false},

@@ -187,9 +187,6 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		return h.retry(ctx, rec, d.Why, files)
 	case Checked:
 		return h.checked(ctx, rec)
-	case Recheck:
-		h.Deps.Log.Warn("data_check_recreated", "run_id", rec.RunID, "rayjob", names.RayJob(rec.RunID, rec.Attempt))
-		return h.Deps.StartCheck(ctx, rec.RunID)
 	}
 	return pipeline.Permanent(fmt.Errorf("run %s: decision %q has no action", rec.RunID, d.Action))
 }

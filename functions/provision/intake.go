@@ -48,7 +48,7 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 		switch {
 		case lease.Holder == rec.RunID && rec.Spec.Dataset.Check:
 			// The data check first, on the head: no worker is asked for yet.
-			job, cerr := d.CreateCheck(ctx, rec)
+			job, cerr := d.PrepareCheck(ctx, rec)
 			if cerr != nil {
 				return cerr
 			}

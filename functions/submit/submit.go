@@ -24,6 +24,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if err != nil {
 		return err
 	}
+	if step.Attempt == manifests.CheckAttempt && rec.Phase == runs.Checking && rec.Attempt == 0 {
+		return h.check(ctx, rec)
+	}
 	if rec.Attempt != step.Attempt || rec.Phase != runs.Provisioned {
 		d.Log.Info("duplicate_ignored", "run_id", step.RunID, "attempt", step.Attempt, "phase", rec.Phase, "record_attempt", rec.Attempt)
 		return nil
@@ -59,4 +62,22 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	}
 	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
 	return d.Send(ctx, d.Config.Topics.Submitted, step)
+}
+
+// check creates the data check's RayJob of a checking run (it is safe to
+// repeat) and tells the monitor, which judges its verdict.
+func (h *Handler) check(ctx context.Context, rec *runs.Record) error {
+	d := h.Deps
+	if rec.CancelRequested {
+		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the data check started"})
+	}
+	job, err := d.CheckJob(rec)
+	if err != nil {
+		return err
+	}
+	if err := d.CreateRayJob(ctx, job); err != nil {
+		return err
+	}
+	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", manifests.CheckAttempt, "rayjob", job.Name, "namespace", job.Namespace, "data_check", true)
+	return d.Send(ctx, d.Config.Topics.Submitted, pipeline.Step{RunID: rec.RunID, Attempt: manifests.CheckAttempt})
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -49,10 +50,10 @@ func (d *Deps) StartFirst(ctx context.Context, rec *runs.Record) error {
 }
 
 // StartCheck brings the run's cluster up with its worker group at zero,
-// creates the data check's RayJob on its head, records the run CHECKING and
-// sends the submitted message, so that the monitor looks at once. No GPU
-// worker is asked for until the check passes (the monitor then starts the
-// first attempt). It is safe to repeat.
+// records the run CHECKING and sends the provisioned message for the check
+// (attempt 0): Submit creates the check's RayJob on the head. No GPU worker
+// is asked for until the check passes (the monitor then starts the first
+// attempt). It is safe to repeat.
 func (d *Deps) StartCheck(ctx context.Context, runID string) error {
 	rec, err := d.Runs.Get(ctx, runID)
 	if err != nil {
@@ -61,7 +62,7 @@ func (d *Deps) StartCheck(ctx context.Context, runID string) error {
 	if rec.Phase != runs.Accepted && rec.Phase != runs.Queued && rec.Phase != runs.Checking {
 		return nil // another delivery moved it on already
 	}
-	job, err := d.CreateCheck(ctx, rec)
+	job, err := d.PrepareCheck(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -76,29 +77,33 @@ func (d *Deps) StartCheck(ctx context.Context, runID string) error {
 	return d.SendCheck(ctx, runID)
 }
 
-// CreateCheck brings the run's cluster up with its worker group at zero and
-// creates the data check's RayJob (unless it exists); it returns the
-// RayJob's name.
-func (d *Deps) CreateCheck(ctx context.Context, rec *runs.Record) (string, error) {
+// PrepareCheck brings the run's cluster up with its worker group at zero;
+// it returns the name of the data check's RayJob, which Submit creates.
+func (d *Deps) PrepareCheck(ctx context.Context, rec *runs.Record) (string, error) {
 	if err := d.ensureResources(ctx, rec, false); err != nil {
 		return "", err
 	}
+	return names.RayJob(rec.RunID, manifests.CheckAttempt), nil
+}
+
+// CheckJob is the run's data check RayJob, its estimate at the price of the
+// first capacity tier (else the deployment's).
+func (d *Deps) CheckJob(rec *runs.Record) (*rayv1.RayJob, error) {
 	run := manifests.Run{ID: rec.RunID, Attempt: 1, Source: rec.Source, SpecHash: rec.SpecHash}
 	if err := run.Validate(); err != nil {
-		return "", Permanent(err)
+		return nil, Permanent(err)
 	}
 	price := rec.Spec.Tier(0).GPUHourUSD
 	if price == 0 {
 		price = d.Config.GPUHourUSD
 	}
-	job := manifests.CheckJob(rec.Spec, run, price)
-	return job.Name, d.CreateRayJob(ctx, job)
+	return manifests.CheckJob(rec.Spec, run, price), nil
 }
 
-// SendCheck asks the monitor to look at a checking run at once (the
-// submitted message); ticks look at it too.
+// SendCheck sends the provisioned message of a checking run (attempt 0),
+// on which Submit creates the check's RayJob.
 func (d *Deps) SendCheck(ctx context.Context, runID string) error {
-	return d.Send(ctx, d.Config.Topics.Submitted, Step{RunID: runID, Attempt: manifests.CheckAttempt})
+	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: manifests.CheckAttempt})
 }
 
 // EnsureResources makes sure the run's trainer ConfigMap and RayCluster

@@ -42,6 +42,7 @@ type trainerArgs struct {
 	evalSplit       string
 	sampleAnswers   int
 	bucket, prefix  string // storagePath split
+	check           bool   // the data check (datacheck.py), not training
 }
 
 // parseEntrypoint reads `python /code/train.py --flag value ...` as a
@@ -53,11 +54,11 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 		return nil, err
 	}
 	i := 0
-	for i < len(words) && !strings.HasSuffix(words[i], "train.py") {
+	for i < len(words) && !strings.HasSuffix(words[i], "train.py") && !strings.HasSuffix(words[i], "/"+checkScript) {
 		i++
 	}
 	if i == len(words) {
-		return nil, fmt.Errorf("entrypoint %q does not run train.py", entrypoint)
+		return nil, fmt.Errorf("entrypoint %q runs neither train.py nor %s", entrypoint, checkScript)
 	}
 	rest := words[i+1:]
 	all := map[string]string{}
@@ -71,7 +72,7 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 		}
 		all[name] = rest[j+1]
 	}
-	a := &trainerArgs{all: all}
+	a := &trainerArgs{all: all, check: strings.HasSuffix(words[i], "/"+checkScript)}
 	str := func(name, def string) string {
 		if v, ok := all[name]; ok {
 			return v

@@ -177,6 +177,10 @@ func (p *play) run(ctx context.Context) {
 		return
 	}
 
+	if args.check {
+		p.check(ctx, rj, args)
+		return
+	}
 	t := &trainer{p: p, a: args, sc: sc, st: newStore(s.o.Storage, s.o.Project), cluster: cluster, ns: rj.Namespace}
 	switch err := t.waitForWorkers(ctx); {
 	case errors.Is(err, errStopped):
