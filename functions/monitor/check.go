@@ -73,4 +73,3 @@ func (h *Handler) checked(ctx context.Context, rec *runs.Record) error {
 	h.Deps.Log.Info("data_check_passed", "run_id", rec.RunID)
 	return h.Deps.StartAttempt(ctx, rec.RunID, 1, "", "")
 }
-
