@@ -223,7 +223,7 @@ func TestSchemaUpToDate(t *testing.T) {
 	golden(t, schemaFile, spec.Schema())
 }
 
-// TestSchemaAgreesWithValidator validates the example and the good specs
+// TestSchemaAgreesWithValidator validates every example and the good specs
 // against the generated schema with an independent JSON Schema validator,
 // and checks that it also rejects every bad spec whose fault a schema can
 // express.
@@ -242,7 +242,11 @@ func TestSchemaAgreesWithValidator(t *testing.T) {
 		t.Fatalf("schema does not compile: %v", err)
 	}
 	good, _ := filepath.Glob("testdata/good/*.json")
-	good = append(good, "../../examples/gemma3-vision.json", "../../examples/tutorial.json")
+	examples, _ := filepath.Glob("../../examples/*.json")
+	if len(examples) < 3 {
+		t.Errorf("examples %v: want gemma3-vision.json, tutorial.json and shapes.json at least", examples)
+	}
+	good = append(good, examples...)
 	for _, f := range good {
 		if err := validateFile(sch, f); err != nil {
 			t.Errorf("%s: schema rejects a valid spec: %v", f, err)
@@ -326,5 +330,20 @@ func TestTiers(t *testing.T) {
 	s.Cluster.Capacity = nil
 	if got := s.Tiers(); len(got) != 1 || got[0].Name() != "reservation b200" {
 		t.Errorf("a spec without capacity has tiers %+v, want the reservation", got)
+	}
+}
+
+// TestExamples: every spec in examples/ is valid as the pipeline reads it,
+// not only by the schema.
+func TestExamples(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.json")
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := spec.Parse(data); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
 	}
 }

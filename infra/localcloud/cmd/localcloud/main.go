@@ -17,15 +17,19 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/storage"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/raydrop/raydrop/examples/shapes"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -81,6 +85,10 @@ func run(ctx context.Context, args []string) int {
 		fmt.Println("localcloud: stopping every process it started")
 		st.Stop()
 	}()
+	if err := uploadShapes(ctx, st.GCS, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
+		return 1
+	}
 	switch mode {
 	case "dev":
 		fmt.Println("localcloud: up. Point clients at it with:")
@@ -103,6 +111,46 @@ func run(ctx context.Context, args []string) int {
 	}
 	fmt.Fprintf(os.Stderr, "localcloud: unknown mode %q (run or dev)\n", mode)
 	return 2
+}
+
+// The example dataset the local cloud puts in its data bucket, where
+// examples/shapes.json reads it: how many images, drawn from which seed.
+const (
+	shapesImages = 300
+	shapesSeed   = 1
+)
+
+// uploadShapes writes the example dataset (examples/shapes) to
+// gs://DataBucket/shapes/, as a user would copy their own folder there,
+// and says so on out.
+func uploadShapes(ctx context.Context, gcs *storage.Client, out io.Writer) error {
+	files, err := shapes.Files(shapesImages, shapesSeed)
+	if err != nil {
+		return err
+	}
+	objects := make([]string, 0, len(files))
+	for name := range files {
+		objects = append(objects, name)
+	}
+	sort.Strings(objects)
+	bucket := gcs.Bucket(stack.DataBucket)
+	for _, name := range objects {
+		object := shapes.Folder + "/" + name
+		w := bucket.Object(object).NewWriter(ctx)
+		w.ContentType = "image/png"
+		if path.Ext(name) == ".jsonl" {
+			w.ContentType = "application/jsonl"
+		}
+		if _, err := w.Write(files[name]); err != nil {
+			_ = w.Close()
+			return fmt.Errorf("upload gs://%s/%s: %w", stack.DataBucket, object, err)
+		}
+		if err := w.Close(); err != nil {
+			return fmt.Errorf("upload gs://%s/%s: %w", stack.DataBucket, object, err)
+		}
+	}
+	fmt.Fprintf(out, "localcloud: example dataset gs://%s/%s/: %d images and metadata.jsonl (examples/shapes.json trains on it)\n", stack.DataBucket, shapes.Folder, shapesImages)
+	return nil
 }
 
 // demo drops the spec into the intake bucket and follows the run.
