@@ -66,8 +66,8 @@ fuzz: ## Random interleavings of deliveries, crashes and cancellations against t
 	$(GO) test -count=1 -timeout 120m -run TestRandomInterleavings ./functions/flow -args -interleavings $(FUZZ_N) -seed $(FUZZ_SEED)
 
 .PHONY: localcloud-test
-localcloud-test: tools $(CHROMIUM) ## The local cloud's own tests, the end-to-end suite on it (the run report in a real Chromium too), then the proof suite (faults, bad input, secrets)
-	cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)
+localcloud-test: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests, the end-to-end suite on it (the run report in a real Chromium too), then the proof suite (faults, bad input, secrets)
+	cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)
 	$(MAKE) --no-print-directory proof
 
 .PHONY: proof
