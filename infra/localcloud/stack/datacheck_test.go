@@ -8,6 +8,8 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -126,8 +128,15 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 	if count(evs, "checking") != 1 || count(evs, "running") != 1 || count(evs, "succeeded") != 1 {
 		t.Errorf("events %+v", evs)
 	}
-	if final := evs[len(evs)-1]; final.DataCheck == nil || !final.DataCheck.OK || final.DataCheck.Rows.Train+final.DataCheck.Rows.Eval != 40 {
+	final := evs[len(evs)-1]
+	if final.DataCheck == nil || !final.DataCheck.OK || final.DataCheck.Rows.Train+final.DataCheck.Rows.Eval != 40 {
 		t.Errorf("succeeded event's data check %+v", final.DataCheck)
+	}
+	// The report shows what the check found.
+	page := filepath.Join(reportDir, "checked.html")
+	fetchReport(t, r, final.Report, page)
+	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), `id="data-check"`) || !strings.Contains(string(b), "<dt>Rows</dt><dd>40: ") {
+		t.Errorf("the report does not show the data check (%v)", err)
 	}
 	// The workers came up only after the check: KubeRay created them then.
 	if n := createdWorkerPods(t, "e2e-checked"); n == 0 {
@@ -187,8 +196,14 @@ func TestBadDataFailsBeforeAnyWorker(t *testing.T) {
 			if count(evs, "checking") != 1 || count(evs, "failed") != 1 || count(evs, "running") != 0 {
 				t.Errorf("events %+v", evs)
 			}
-			if final := evs[len(evs)-1]; final.DataCheck == nil || final.DataCheck.OK || final.Reason != runs.InvalidData {
+			final := evs[len(evs)-1]
+			if final.DataCheck == nil || final.DataCheck.OK || final.Reason != runs.InvalidData {
 				t.Errorf("failed event %+v", final)
+			}
+			page := filepath.Join(reportDir, "bad-"+slug+".html")
+			fetchReport(t, r, final.Report, page)
+			if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), "The data check refused the run (InvalidData)") {
+				t.Errorf("the report does not say the data check refused the run (%v)", err)
 			}
 			if n := rayJobsOf(t, runID); n != 1 {
 				t.Errorf("%d RayJobs, want the check's alone", n)
