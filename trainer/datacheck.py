@@ -24,7 +24,9 @@ would then depend on each image's shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import sys
@@ -68,7 +70,8 @@ def check_model(model_id: str):
             f"{getattr(config, 'model_type', '?')!r}); accepted: {', '.join(ACCEPTED_ARCHITECTURES)} (model_type "
             f"{ACCEPTED_MODEL_TYPE!r}: the Gemma 3 vision models such as google/gemma-3-4b-it, -12b-it and -27b-it)")
     try:
-        processor = AutoProcessor.from_pretrained(model_id, use_fast=True)
+        with _processor_repr_skipped():
+            processor = AutoProcessor.from_pretrained(model_id, use_fast=True)
     except Exception as exc:  # noqa: BLE001
         raise InvalidModel(f"model {model_id!r}: cannot load its processor: {result.error_text(exc)}") from None
     if type(processor).__name__ != "Gemma3Processor":
@@ -77,6 +80,27 @@ def check_model(model_id: str):
         raise InvalidModel(f"model {model_id!r}: its image processor has pan-and-scan on; the trainer encodes each "
                            f"image as one block of {processor.image_seq_length} tokens")
     return processor
+
+
+@contextlib.contextmanager
+def _processor_repr_skipped():
+    """transformers 4.55 formats every processor it loads for an info line
+    (``logger.info(f"Processor {processor}")`` in processing_utils), whether
+    or not info is logged, and the format deep-copies the processor, Gemma 3's
+    262k-token tokenizer included: about half of the processor's load time.
+    While info is not logged, the format is skipped; nothing else reads it."""
+    from transformers import processing_utils
+
+    if processing_utils.logger.isEnabledFor(logging.INFO):
+        yield
+        return
+    mixin = processing_utils.ProcessorMixin
+    saved = mixin.__dict__["__repr__"]
+    mixin.__repr__ = lambda self: f"<{type(self).__name__}>"
+    try:
+        yield
+    finally:
+        mixin.__repr__ = saved
 
 
 def _percentile(sorted_values: List[int], p: float) -> int:
@@ -95,8 +119,8 @@ def _check_rows(bounds: Tuple[str, int, int]) -> Dict[str, Any]:
     which, lo, hi = bounds
     ds, processor, fmt, max_len = _WORK[which], _WORK["processor"], _WORK["fmt"], _WORK["max_len"]
     out: Dict[str, Any] = {"lengths": [], "answers": [], "images": [], "sizes": [], "left": {}, "error": None}
-    for i in range(lo, hi):
-        row = ds[i]
+    boi_id = processor.tokenizer.convert_tokens_to_ids(processor.boi_token)
+    for i, row in data.iter_rows(ds, lo, hi):
         where = data.row_label(row, i)
         try:
             ids, target = data.encode(processor, row, fmt)
@@ -108,7 +132,7 @@ def _check_rows(bounds: Tuple[str, int, int]) -> Dict[str, Any]:
             return out
         answer = sum(target)
         refs = data.row_images(row, fmt)
-        n_boi = ids.count(processor.tokenizer.convert_tokens_to_ids(processor.boi_token))
+        n_boi = ids.count(boi_id)
         if n_boi != len(refs):
             out["error"] = (f"{where}: {n_boi} image placeholder(s) in the conversation for {len(refs)} image(s) in "
                             f"column(s) {fmt.image_columns()}")
