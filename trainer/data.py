@@ -686,20 +686,39 @@ def sequence_lengths(processor, dataset, fmt: Format = TUTORIAL) -> List[int]:
     return [len(encode(processor, row, fmt)[0]) for row in text_only]
 
 
+def has_answer(row: Dict[str, Any], fmt: Format = TUTORIAL) -> bool:
+    """Whether the row has an answer to learn: a non-blank answer column
+    (template), or an assistant turn with text (messages)."""
+    if fmt.kind == "messages":
+        return any(m["role"] == "assistant" and any(p["type"] == "text" and p["text"].strip() for p in m["content"])
+                   for m in _messages_of(row, fmt))
+    value = row[fmt.answer]
+    return value is not None and str(value).strip() != ""
+
+
 def filter_by_length(dataset, processor, max_length: int, fmt: Format = TUTORIAL):
-    """Leave out rows longer than max_length.
+    """Leave out rows longer than max_length, and rows with no answer.
 
     Truncating a vision-language sample could cut through the image's token
     block (the model then fails on a token/feature count mismatch) or drop the
-    whole answer, so over-long rows are skipped instead, and counted.
+    whole answer, so over-long rows are skipped instead, and counted; a row
+    with a blank answer has nothing to learn. The data check leaves out the
+    same rows (datacheck.py).
     Returns (dataset, number of rows left out, the longest row's length).
     """
-    lengths = sequence_lengths(processor, dataset, fmt)
-    keep = [i for i, n in enumerate(lengths) if n <= max_length]
+    text_only = dataset.select_columns([c for c in fmt.columns() if c not in fmt.image_columns()]
+                                       + fmt.image_columns())
+    lengths, keep = [], []
+    for i, row in enumerate(text_only):
+        n = len(encode(processor, row, fmt)[0])
+        lengths.append(n)
+        if n <= max_length and has_answer(row, fmt):
+            keep.append(i)
     longest = max(lengths) if lengths else 0
     if not keep:
         raise DataError(
-            f"every row is longer than --max-seq-length {max_length} (shortest {min(lengths) if lengths else 0})"
+            f"no row can be trained on: every row is longer than --max-seq-length {max_length} (shortest "
+            f"{min(lengths) if lengths else 0}) or has a blank answer"
         )
     dropped = len(lengths) - len(keep)
     if dropped:

@@ -147,7 +147,7 @@ def _check_rows(bounds: Tuple[str, int, int]) -> Dict[str, Any]:
                                 f"{data.image_name(ref)} does not decode: {result.error_text(exc)}")
                 return out
         cause = None
-        if answer == 0:
+        if answer == 0 or not data.has_answer(row, fmt):
             cause = NO_ANSWER
         elif len(ids) > max_len:
             cause = TOO_LONG

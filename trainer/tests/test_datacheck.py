@@ -127,3 +127,14 @@ def test_the_tutorial_dataset(tmp_path, assets):
                       extra=["--max-dropped-share", "0.1", "--max-seq-length", "512"])
     assert code == 0, doc
     assert doc["rows"]["total"] == 17 and doc["leftOut"] == {"tooLong": 1}
+
+
+def test_rows_without_an_answer_are_left_out(tmp_path, assets, processor):
+    """A blank or missing answer leaves the row out (training leaves it out too)."""
+    blank = lambda i: {"colour": "  "} if i == 2 else ({"colour": None} if i == 5 else {})  # noqa: E731
+    folder = tiny.write_imagefolder(str(tmp_path / "d"), n=12, extra=blank)
+    code, doc = check(tmp_path, assets, folder, extra=["--max-dropped-share", "0.2"])
+    assert code == 0 and doc["leftOut"] == {"noAnswer": 2} and doc["leftOutRows"]["noAnswer"] == [2, 5], doc
+    fmt = data.Format.from_json(TEMPLATE)
+    kept, dropped, _ = data.filter_by_length(data.load_rows(folder, "train", fmt), processor, 200, fmt)
+    assert dropped == 2 and len(kept) == doc["rows"]["kept"] == 10

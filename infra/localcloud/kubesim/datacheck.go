@@ -137,7 +137,7 @@ func standInCheck(ctx context.Context, src checkSource, args map[string]string, 
 		if err != nil {
 			return nil, err
 		}
-		n, target, err := tinyTokens(r, f, len(refs))
+		n, target, answered, err := tinyTokens(r, f, len(refs))
 		if err != nil {
 			return nil, refuse("%s: %v", r.where, err)
 		}
@@ -154,7 +154,7 @@ func standInCheck(ctx context.Context, src checkSource, args map[string]string, 
 		}
 		cause := ""
 		switch {
-		case target == 0:
+		case target == 0 || !answered:
 			cause = "noAnswer"
 		case n > maxLen:
 			cause = "tooLong"
@@ -450,8 +450,9 @@ func rowImages(r checkRow, f datasetFormat) ([]imageRef, error) {
 // content, each text part trimmed, an image marker per image, and
 // <end_of_turn> and a newline; every character is one token, every marker
 // one, and an image marker expands to the image block. Targets are each
-// assistant turn's text and its two closing tokens.
-func tinyTokens(r checkRow, f datasetFormat, images int) (total, target int, err error) {
+// assistant turn's text and its two closing tokens; a row is answered when
+// some assistant turn has text (data.has_answer).
+func tinyTokens(r checkRow, f datasetFormat, images int) (total, target int, answered bool, err error) {
 	type part struct {
 		image bool
 		text  string
@@ -465,7 +466,7 @@ func tinyTokens(r checkRow, f datasetFormat, images int) (total, target int, err
 		raw := r.values[f.Messages.Column]
 		if s, ok := raw.(string); ok {
 			if err := json.Unmarshal([]byte(s), &raw); err != nil {
-				return 0, 0, fmt.Errorf("column %q is not a JSON list of messages", f.Messages.Column)
+				return 0, 0, false, fmt.Errorf("column %q is not a JSON list of messages", f.Messages.Column)
 			}
 		}
 		msgs, _ := raw.([]any)
@@ -540,13 +541,14 @@ func tinyTokens(r checkRow, f datasetFormat, images int) (total, target int, err
 		}
 		if t.role == "assistant" {
 			target += text + 2
+			answered = answered || text > 0
 		}
 		total += n
 	}
 	if markers != images {
-		return 0, 0, fmt.Errorf("%d image placeholder(s) in the conversation for %d image(s) in column(s) %s", markers, images, pyList(imageColumns(f)))
+		return 0, 0, false, fmt.Errorf("%d image placeholder(s) in the conversation for %d image(s) in column(s) %s", markers, images, pyList(imageColumns(f)))
 	}
-	return total, target, nil
+	return total, target, answered, nil
 }
 
 func renderTemplate(t string, vals map[string]string) string {
