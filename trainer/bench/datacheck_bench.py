@@ -30,20 +30,9 @@ def gemma3_model_dir(root: str) -> str:
     """A model folder whose processor is Gemma 3's real one (896-pixel images,
     256 tokens each) and whose config is the tiny test model's: the check
     reads only the config's architecture and the processor."""
-    from transformers import Gemma3ImageProcessor, Gemma3Processor, GemmaTokenizerFast
-
     import tiny
 
-    tok_dir = os.environ["RAYDROP_GEMMA3_TOKENIZER"]
-    with open(os.path.join(tok_dir, "tokenizer_config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    keep = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token",
-            "extra_special_tokens")
-    tok = GemmaTokenizerFast(tokenizer_file=os.path.join(tok_dir, "tokenizer.json"),
-                             **{k: v for k, v in cfg.items() if k in keep})
-    images = Gemma3ImageProcessor(size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    proc = Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=cfg["chat_template"],
-                           image_seq_length=256)
+    proc = tiny.gemma3_processor(os.environ["RAYDROP_GEMMA3_TOKENIZER"])
     path = os.path.join(root, "model")
     proc.save_pretrained(path)
     config = tiny.build_config()

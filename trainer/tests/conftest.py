@@ -60,23 +60,12 @@ def gemma3_tokenizer_dir() -> str:
 def gemma3_processor():
     """A Gemma3Processor with Gemma 3's real tokenizer and chat template and
     google/gemma-3-4b-it's image settings; skips without RAYDROP_GEMMA3_TOKENIZER."""
-    import json
-
-    from transformers import Gemma3ImageProcessor, Gemma3Processor, GemmaTokenizerFast
+    import tiny
 
     tok_dir = gemma3_tokenizer_dir()
     if not tok_dir:
         pytest.skip(f"{GEMMA3_TOKENIZER_ENV} is not set (make trainer-test sets it)")
-    with open(os.path.join(tok_dir, "tokenizer_config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    keep = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token",
-            "extra_special_tokens")
-    tok = GemmaTokenizerFast(tokenizer_file=os.path.join(tok_dir, "tokenizer.json"),
-                             **{k: v for k, v in cfg.items() if k in keep})
-    # google/gemma-3-4b-it's preprocessor: 896 x 896, mean and std 0.5; 256 soft tokens per image.
-    images = Gemma3ImageProcessor(size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=cfg["chat_template"],
-                           image_seq_length=256)
+    return tiny.gemma3_processor(tok_dir)
 
 
 @pytest.fixture(scope="session")

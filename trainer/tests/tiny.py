@@ -61,6 +61,26 @@ def build_processor():
     )
 
 
+def gemma3_processor(tokenizer_dir: str):
+    """A Gemma3Processor with Gemma 3's real tokenizer and chat template (the
+    folder holds tokenizer.json and tokenizer_config.json) and
+    google/gemma-3-4b-it's image settings: 896 x 896, mean and std 0.5, 256
+    soft tokens per image."""
+    import json
+
+    from transformers import Gemma3ImageProcessor, Gemma3Processor, GemmaTokenizerFast
+
+    with open(os.path.join(tokenizer_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    keep = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token",
+            "extra_special_tokens")
+    tok = GemmaTokenizerFast(tokenizer_file=os.path.join(tokenizer_dir, "tokenizer.json"),
+                             **{k: v for k, v in cfg.items() if k in keep})
+    images = Gemma3ImageProcessor(size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=cfg["chat_template"],
+                           image_seq_length=256)
+
+
 def build_config():
     from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
 
