@@ -16,6 +16,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -188,8 +189,11 @@ func (c *chaos) settle() {
 			}
 			if !r.Phase.Terminal() || r.Unannounced() {
 				open++
-				if r.Phase.HasJob() {
+				switch {
+				case r.Phase.HasJob():
 					c.succeedJob(id, r.Attempt)
+				case r.Phase == runs.Checking:
+					c.passCheck(id)
 				}
 			}
 		}
@@ -226,7 +230,11 @@ func (c *chaos) enqueue(topic string, data []byte, attrs map[string]string) {
 
 func (c *chaos) upload() {
 	name := fmt.Sprintf("jobs/run-%d.json", len(c.specs))
-	e := c.world.upload(name, example(c.t))
+	body := example(c.t)
+	if c.rng.IntN(2) == 0 {
+		body = checkedExample(c.t) // the data check first
+	}
+	e := c.world.upload(name, body)
 	id := names.RunIDFromObject(intake, name, mustGen(c.t, e))
 	c.specs = append(c.specs, id)
 	c.step("upload %s (run %s)", name, id)
@@ -290,6 +298,10 @@ func (c *chaos) tick() {
 // lost with its head.
 func (c *chaos) kuberay(runID string) {
 	r, err := c.deps.Runs.Get(c.ctx, runID)
+	if err == nil && r.Phase == runs.Checking {
+		c.dataCheck(runID)
+		return
+	}
 	if err != nil || r.Attempt == 0 {
 		return
 	}
@@ -313,6 +325,37 @@ func (c *chaos) kuberay(runID string) {
 		c.step("kuberay: %s lost its head", j.Name)
 		c.writeLayout(runID, r.Attempt, 1, "")
 		c.setStatus(j, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	}
+}
+
+// dataCheck moves a checking run's check on, as KubeRay and datacheck.py
+// would: it runs, passes, refuses the data, or fails without a verdict.
+func (c *chaos) dataCheck(runID string) {
+	j, err := c.ray.RayV1().RayJobs("default").Get(c.ctx, names.RayJob(runID, 0), metav1.GetOptions{})
+	if err != nil {
+		return // not created yet
+	}
+	switch c.rng.IntN(4) {
+	case 0:
+		c.step("kuberay: data check %s running", j.Name)
+		c.setStatus(j, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	case 1:
+		c.step("kuberay: data check %s passed", j.Name)
+		c.passCheck(runID)
+	case 2:
+		c.step("kuberay: data check %s refused the data", j.Name)
+		c.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": false, "reason": "InvalidData", "message": "metadata.jsonl line 3 column 'image': image does not decode"}`)
+		c.setStatus(j, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	case 3:
+		c.step("kuberay: data check %s failed without a verdict", j.Name)
+		c.setStatus(j, rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	}
+}
+
+func (c *chaos) passCheck(runID string) {
+	c.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": true, "rows": {"total": 10, "kept": 10, "train": 9, "eval": 1, "leftOut": 0}}`)
+	if j, err := c.ray.RayV1().RayJobs("default").Get(c.ctx, names.RayJob(runID, 0), metav1.GetOptions{}); err == nil {
+		c.setStatus(j, rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
 	}
 }
 
