@@ -9,9 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"image"
-	_ "image/gif"  // decoders the stand-in reads images with
-	_ "image/jpeg" //
-	_ "image/png"  //
+	_ "image/gif" // the decoders the stand-in reads images with
+	_ "image/jpeg"
+	_ "image/png"
 	"math"
 	"path"
 	"slices"
