@@ -386,10 +386,6 @@ func jsonLines(b []byte, where string) ([]checkRow, error) {
 		}
 		rows = append(rows, checkRow{values: values, where: fmt.Sprintf("%s line %d", where, i+1), folder: path.Dir(strings.TrimPrefix(where, "gs://"))})
 	}
-	folder := path.Dir(strings.TrimPrefix(where, "gs://"))
-	for i := range rows {
-		rows[i].folder = folder
-	}
 	return rows, nil
 }
 
