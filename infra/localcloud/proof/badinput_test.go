@@ -16,10 +16,13 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -139,6 +142,7 @@ func testBadInput(t *testing.T) {
 		wg.Go(func() { badDelivery(t, c) })
 	}
 	wg.Go(func() { shellInEveryField(t) })
+	wg.Go(func() { freeTextArrivesAsData(t) })
 	wg.Go(func() { outsideTheDeployment(t) })
 	wg.Wait()
 }
@@ -406,6 +410,67 @@ func shellInEveryField(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// freeTextArrivesAsData: a template and a system message holding quotes,
+// $(...), backticks, newlines and non-ASCII text are data: the run trains,
+// no injected command runs (the shell test), and the text reaches the
+// trainer byte for byte in the RayJob's runtime env, never its entrypoint.
+func freeTextArrivesAsData(t *testing.T) {
+	scenario := "bad input: free text in templates arrives byte for byte"
+	system := "It's \"$(touch " + canary + ")\" `touch " + canary + "`\n\ttabs; café — 日本語 'q' \\ $HOME"
+	prompt := "{question}\nAnswer in one line, {{like this}}: x'; touch " + canary + "; echo '"
+	tpl := map[string]any{"system": system, "prompt": prompt, "answer": "description", "images": []string{"image"}}
+	var m map[string]any
+	if err := json.Unmarshal(spec(t, "free-text", map[string]any{"dataset": map[string]any{"template": tpl}}), &m); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(m)
+	runID := upload(t, "free-text", data, "")
+	own(runID, scenario)
+	var problems []string
+	rec, err := probe.WaitPhase(context.Background(), st, runID, 3*time.Minute, probe.Ended...)
+	switch {
+	case err != nil:
+		problems = append(problems, err.Error())
+	case rec.Phase != runs.Succeeded:
+		problems = append(problems, fmt.Sprintf("run ended %s (%s)", rec.Phase, rec.Message))
+	default:
+		job, err := ray.RayV1().RayJobs("default").Get(context.Background(), names.RayJob(runID, 1), metav1.GetOptions{})
+		if err != nil {
+			problems = append(problems, err.Error())
+			break
+		}
+		var env struct {
+			EnvVars map[string]string `json:"env_vars"`
+		}
+		var got struct {
+			Template struct {
+				System string `json:"system"`
+				Prompt string `json:"prompt"`
+			} `json:"template"`
+		}
+		if err := yaml.Unmarshal([]byte(job.Spec.RuntimeEnvYAML), &env); err != nil {
+			problems = append(problems, "runtime env: "+err.Error())
+		} else if err := json.Unmarshal([]byte(env.EnvVars[manifests.DatasetFormatEnv]), &got); err != nil {
+			problems = append(problems, "dataset format: "+err.Error())
+		}
+		if got.Template.System != system || got.Template.Prompt != prompt {
+			problems = append(problems, fmt.Sprintf("the trainer is given system %q and prompt %q, want %q and %q", got.Template.System, got.Template.Prompt, system, prompt))
+		}
+		for _, text := range []string{"$(", "`", "café", "like this"} {
+			if strings.Contains(job.Spec.Entrypoint, text) {
+				problems = append(problems, fmt.Sprintf("the entrypoint carries %q: %s", text, job.Spec.Entrypoint))
+			}
+		}
+		if len(problems) == 0 {
+			report.Note(scenario, "the system message and the prompt reached the trainer byte for byte, in the runtime env; the entrypoint carries neither")
+		}
+	}
+	report.Add(scenario, 0, 0, problems...)
+	for _, p := range problems {
+		t.Error(p)
+	}
 }
 
 // stringFields lists the dotted paths of every string field in the job
