@@ -194,8 +194,13 @@ def _list(fs, fs_path: str, recursive: bool = False) -> List[Tuple[str, bool]]:
     return sorted((i.path, i.type == pyarrow.fs.FileType.File) for i in infos)
 
 
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
 def is_hub_id(source: str) -> bool:
-    return not is_gs(source) and "://" not in source and not os.path.exists(source)
+    """Whether source names a Hugging Face Hub dataset (owner/name), not a
+    URI or a local path."""
+    return bool(HUB_ID_RE.fullmatch(source)) and not os.path.exists(source)
 
 
 def load_rows(source: str, split: str, fmt: Format = TUTORIAL, revision: str = ""):

@@ -181,6 +181,23 @@ def _scan(which: str, n: int, procs: int) -> Dict[str, Any]:
     return merged
 
 
+def resolve_revision(source: str, revision: str) -> str:
+    """The commit a Hub dataset's revision (a branch, a tag, or none: the
+    default branch) points at now, so that training reads exactly the data
+    checked; the revision as given where the Hub cannot be asked (offline,
+    or a source that is not on the Hub)."""
+    if not data.is_hub_id(source):
+        return revision
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(source, revision=revision or None).sha or revision
+    except Exception as exc:  # noqa: BLE001 - loading the data says what is wrong, if anything
+        print(f"raydrop: cannot resolve {source}@{revision or 'default'} to a commit: {result.error_text(exc)}",
+              flush=True)
+        return revision
+
+
 def optimizer_steps(rows: int, args) -> Dict[str, int]:
     """The optimizer steps transformers' Trainer will take (4.55: a distributed
     sampler pads each rank to ceil(rows / world), then ceil over the batch and
@@ -198,7 +215,7 @@ def run_check(args) -> Dict[str, Any]:
     start = time.time()
     fmt = data.Format.from_json(json.loads(args.dataset_format) if args.dataset_format else None)
     processor = check_model(args.model_id)
-    revision = args.dataset_revision
+    revision = resolve_revision(args.dataset_id, args.dataset_revision)
     train = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
     evalset = data.load_rows(args.dataset_id, args.eval_split, fmt, revision) if args.eval_split else None
     procs = max(1, args.check_processes or os.cpu_count() or 1)
@@ -259,7 +276,8 @@ def run_check(args) -> Dict[str, Any]:
     return {
         "schemaVersion": SCHEMA_VERSION, "ok": True, "reason": "", "message": "",
         "dataset": {"source": args.dataset_id, "split": args.dataset_split, "evalSplit": args.eval_split,
-                    "revision": revision, "format": fmt.kind},
+                    "revision": args.dataset_revision, "resolvedRevision": revision if revision != args.dataset_revision
+                    else "", "format": fmt.kind},
         "model": args.model_id,
         "rows": {"total": rows, "kept": len(kept), "train": train_n, "eval": eval_n if evalset is None else len(evalset),
                  "leftOut": dropped},

@@ -1098,7 +1098,9 @@ func TestDataCheckBeforeAnyWorker(t *testing.T) {
 	if r := w.record(runID); r.Phase != runs.Checking {
 		t.Fatalf("phase %s before the check wrote a verdict", r.Phase)
 	}
-	w.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": true, "rows": {"total": 1345, "kept": 1340, "train": 1273, "eval": 67, "leftOut": 5},
+	w.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": true,
+		"dataset": {"source": "philschmid/amazon-product-descriptions-vlm", "split": "train", "revision": "", "resolvedRevision": "0123456789abcdef0123456789abcdef01234567"},
+		"rows": {"total": 1345, "kept": 1340, "train": 1273, "eval": 67, "leftOut": 5},
 		"leftOut": {"tooLong": 5}, "tokens": {"p50": 401, "p90": 460, "max": 1010, "maxSeqLength": 1024, "answer": 98000, "train": 520000, "eval": 27000},
 		"images": {"total": 1345, "perRow": {"1": 1345}}, "steps": {"perEpoch": 20, "total": 60}, "estimate": {"seconds": 518.6, "gpuHours": 2.305, "usd": 23.05}, "seconds": 9.1}`)
 	w.tick()
@@ -1108,6 +1110,11 @@ func TestDataCheckBeforeAnyWorker(t *testing.T) {
 	}
 	if n := w.workers(); n == 0 {
 		t.Fatal("the workers were not asked for once the check passed")
+	}
+	// Training reads the very commit the check read.
+	train, err := w.ray.RayV1().RayJobs("default").Get(w.ctx, names.RayJob(runID, 1), metav1.GetOptions{})
+	if err != nil || !strings.Contains(train.Spec.Entrypoint, " --dataset-revision 0123456789abcdef0123456789abcdef01234567 ") {
+		t.Errorf("training RayJob %v does not read the checked revision (%v)", train, err)
 	}
 	w.runToSuccess(runID, 1)
 	if r := w.record(runID); r.Phase != runs.Succeeded {

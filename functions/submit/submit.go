@@ -38,6 +38,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if a := rec.CurrentAttempt(); a != nil {
 		run.ResumeFrom = a.ResumeFrom
 	}
+	if c := rec.Check; c != nil && c.Result != nil && c.Result.Dataset != nil {
+		run.DatasetRevision = c.Result.Dataset.ResolvedRevision // the data checked, even if the branch moved
+	}
 	if err := run.Validate(); err != nil {
 		return pipeline.Permanent(err)
 	}

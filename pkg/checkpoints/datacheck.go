@@ -23,6 +23,7 @@ type DataCheck struct {
 	// Message what it found (file, row and column).
 	Reason   string           `json:"reason,omitempty"`
 	Message  string           `json:"message,omitempty"`
+	Dataset  *CheckDataset    `json:"dataset,omitempty"`
 	Rows     *CheckRows       `json:"rows,omitempty"`
 	LeftOut  map[string]int64 `json:"leftOut,omitempty"`
 	Tokens   *CheckTokens     `json:"tokens,omitempty"`
@@ -30,6 +31,16 @@ type DataCheck struct {
 	Steps    *CheckSteps      `json:"steps,omitempty"`
 	Estimate *CheckEstimate   `json:"estimate,omitempty"`
 	Seconds  float64          `json:"seconds,omitempty"`
+}
+
+// CheckDataset is the data the check read: its source and split, the
+// revision the spec asked for, and the commit that revision pointed at on the
+// Hub when the check read it (training then reads that commit).
+type CheckDataset struct {
+	Source           string `json:"source"`
+	Split            string `json:"split"`
+	Revision         string `json:"revision,omitempty"`
+	ResolvedRevision string `json:"resolvedRevision,omitempty"`
 }
 
 // CheckRows counts the training split's rows: all, those kept by the

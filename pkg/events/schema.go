@@ -201,6 +201,10 @@ func dataCheckSchema() map[string]any {
 			"ok":      map[string]any{"type": "boolean"},
 			"reason":  map[string]any{"enum": []string{"InvalidData", "InvalidModel"}},
 			"message": map[string]any{"type": "string"},
+			"dataset": map[string]any{"type": "object", "additionalProperties": true, "required": []string{"source", "split"},
+				"description": "the data the check read; resolvedRevision is the Hub commit its revision pointed at, which training then reads",
+				"properties": map[string]any{"source": map[string]any{"type": "string"}, "split": map[string]any{"type": "string"},
+					"revision": map[string]any{"type": "string"}, "resolvedRevision": map[string]any{"type": "string"}}},
 			"rows":    object([]string{"total", "kept", "train", "eval", "leftOut"}, map[string]any{"total": count, "kept": count, "train": count, "eval": count, "leftOut": count}),
 			"leftOut": counts,
 			"tokens": object([]string{"p50", "p90", "max", "maxSeqLength", "answer", "train", "eval"}, map[string]any{

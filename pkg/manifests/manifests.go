@@ -5,6 +5,7 @@
 package manifests
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -48,6 +49,10 @@ type Run struct {
 	Source     string // where the spec came from, e.g. gs://bucket/jobs/x.json#123
 	SpecHash   string
 	Tier       int // the capacity tier the workers are asked on (an index into the spec's Tiers)
+	// DatasetRevision, when set, is the Hub commit the data check read:
+	// training reads it rather than the spec's revision, which may have
+	// moved since.
+	DatasetRevision string
 }
 
 // checkpointURIRE allows the checkpoint URIs Ray Train writes, and nothing a
@@ -59,6 +64,11 @@ var checkpointURIRE = regexp.MustCompile(`^gs://[a-z0-9][a-z0-9._-]*[a-z0-9](/[A
 func (r Run) Validate() error {
 	if msg := spec.CheckRunID(r.ID); msg != "" {
 		return fmt.Errorf("run id %s", msg)
+	}
+	if r.DatasetRevision != "" {
+		if msg := spec.CheckRevision(r.DatasetRevision); msg != "" {
+			return fmt.Errorf("dataset revision %s", msg)
+		}
 	}
 	if r.Attempt < 1 {
 		return fmt.Errorf("attempt %d is out of range (allowed: 1 or more)", r.Attempt)
@@ -307,8 +317,8 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 		"--num-workers", itoa(t.Workers),
 		"--use-gpu", "true",
 	}
-	if s.Dataset.Revision != "" {
-		args = append(args, "--dataset-revision", s.Dataset.Revision)
+	if rev := cmp.Or(run.DatasetRevision, s.Dataset.Revision); rev != "" {
+		args = append(args, "--dataset-revision", rev)
 	}
 	if s.Dataset.EvalSplit != "" {
 		args = append(args, "--eval-split", s.Dataset.EvalSplit)

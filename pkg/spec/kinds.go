@@ -327,6 +327,12 @@ func findSecrets(v reflect.Value, path string) Problems {
 // Face token.
 func LooksLikeSecret(s string) bool { return hfTokenRE.MatchString(s) }
 
+// CheckRevision returns "" when rev is a valid dataset revision, else what
+// is wrong and what is allowed.
+func CheckRevision(rev string) string {
+	return checkString(rev, rules{kind: "revision"})
+}
+
 // CheckRunID returns "" when id is a valid run ID, else what is wrong and
 // what is allowed.
 func CheckRunID(id string) string {

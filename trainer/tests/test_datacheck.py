@@ -138,3 +138,21 @@ def test_rows_without_an_answer_are_left_out(tmp_path, assets, processor):
     fmt = data.Format.from_json(TEMPLATE)
     kept, dropped, _ = data.filter_by_length(data.load_rows(folder, "train", fmt), processor, 200, fmt)
     assert dropped == 2 and len(kept) == doc["rows"]["kept"] == 10
+
+
+def test_a_hub_revision_is_resolved_to_the_commit_read(monkeypatch):
+    import huggingface_hub
+
+    class Info:
+        sha = "0123456789abcdef0123456789abcdef01234567"
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
+                        lambda self, repo, revision=None: asked.append((repo, revision)) or Info())
+    assert datacheck.resolve_revision("my-org/receipts", "main") == Info.sha
+    assert datacheck.resolve_revision("my-org/receipts", "") == Info.sha
+    assert asked == [("my-org/receipts", "main"), ("my-org/receipts", None)]
+    # A folder is not on the Hub; an unreachable Hub leaves the revision as given.
+    assert datacheck.resolve_revision("/no/such/folder-but-absolute", "v1") in ("v1",)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda self, repo, revision=None: 1 / 0)
+    assert datacheck.resolve_revision("my-org/receipts", "v2") == "v2"
