@@ -72,10 +72,8 @@ type datasetFormat struct {
 }
 
 func parseFormat(raw string) (datasetFormat, error) {
-	td := trainercode.Defaults()
-	f := datasetFormat{Format: spec.FormatTemplate,
-		Template: spec.Template{System: td.Template.System, Prompt: td.Template.Prompt, Answer: td.Template.Answer, Images: td.Template.Images, ImagePlacement: td.Template.ImagePlacement},
-		Messages: spec.Messages{Column: td.Messages.Column, ImagesColumn: td.Messages.ImagesColumn}}
+	d := spec.Defaults().Dataset // the format's defaults, as the job spec fills them
+	f := datasetFormat{Format: d.Format, Template: d.Template, Messages: d.Messages}
 	if raw == "" {
 		return f, nil
 	}
