@@ -136,20 +136,38 @@ class Watch:
     optimizer step.
     """
 
-    def __init__(self, where: str | None = None, device=None, kv_key: str | None = None) -> None:
+    def __init__(self, where: str | None = None, device=None, kv_key: str | None = None,
+                 tell_key: str | None = None) -> None:
         self.path = where or path()
         self.device = device
         self.kv_key = kv_key
+        # A worker that finds its node's notice file puts the attempt's key
+        # (tell_key) in Ray's store at once, before the all-reduce and the
+        # save: if the node dies before the save ends, the driver still
+        # knows a notice came, and its failed mark says so (noticeSeen), for
+        # the pipeline to count the attempt as preempted.
+        self.tell_key = tell_key
+        self.told = False
         # A notice file older than the attempt was for an earlier one on this node.
         self.since = time.time()
 
     def _seen(self) -> bool:
         try:
             if os.stat(self.path).st_mtime >= self.since - 1:
+                self._tell()
                 return True
         except FileNotFoundError:
             pass
         return bool(self.kv_key) and given(self.kv_key)
+
+    def _tell(self) -> None:
+        if self.told or not self.tell_key:
+            return
+        self.told = True
+        try:
+            put(self.tell_key)
+        except Exception:  # noqa: BLE001 - the all-reduce still stops every worker
+            pass
 
     def due(self) -> bool:
         seen = self._seen()

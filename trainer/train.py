@@ -93,11 +93,23 @@ def run(args) -> int:
         error = result.error_text(exc)
     finally:
         doc = result.build(storage_path, args.experiment_name, args.run_id, status, error, trial_hint)
+        # Whether a notice reached the attempt (the driver's SIGTERM, or a
+        # worker's notice file, which that worker put in Ray's store): a
+        # failed mark with it is a node reclaimed before the save ended.
+        doc["noticeSeen"] = sigterm.received.is_set() or _notice_given(sigterm.key)
         where = result.write(storage_path, args.experiment_name, doc)
         _log(f"{status}; wrote {where}")
         _announce(args, where)
         notice.remove(sigterm.key)
     return {"succeeded": 0, "preempted": 3}.get(status, 1)
+
+
+def _notice_given(key: str) -> bool:
+    try:
+        return notice.given(key)
+    except Exception as exc:  # noqa: BLE001 - Ray is gone; the mark must still be written
+        _log(f"could not ask Ray's store for a notice: {result.error_text(exc)}")
+        return False
 
 
 def _announce(args, mark: str) -> None:

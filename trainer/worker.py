@@ -394,7 +394,8 @@ def train_func(config: Dict[str, Any]) -> None:
     )
     callback = _make_callback_class()(
         data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None,
-        watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None))
+        watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None,
+                           tell_key=getattr(args, "notice_key", None)))
     trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

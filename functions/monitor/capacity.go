@@ -59,8 +59,12 @@ func newEvidence(a *runs.Attempt, o Observation) []string {
 	if o.Workers != nil {
 		seen = append(seen, o.Workers.Disrupted...)
 	}
-	if o.Mark != nil && o.Mark.Status == checkpoints.MarkPreempted {
+	switch {
+	case o.Mark == nil:
+	case o.Mark.Status == checkpoints.MarkPreempted:
 		seen = append(seen, "trainer: checkpointed on a preemption notice")
+	case o.Mark.NoticeSeen:
+		seen = append(seen, "trainer: a preemption notice came before it failed")
 	}
 	var out []string
 	for _, s := range seen {

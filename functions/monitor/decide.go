@@ -155,6 +155,18 @@ func decideJob(o Observation) (Decision, error) {
 			// The trainer saved a checkpoint on the node's notice and left.
 			return withEvidence(retryOrFail(r, "the trainer checkpointed on a preemption notice and stopped", true), evidence), nil
 		}
+		// A node reclaimed under the attempt fails the training code too:
+		// a worker dies before the step it was on ends (GKE gives a Spot
+		// VM's pods 15 of its 30 seconds' notice, Autopilot Spot Pods at
+		// most 25 s), or during the save on notice. The driver writes a
+		// failed mark then, which is a preemption when a notice reached
+		// the attempt or its pods show their nodes went away.
+		switch {
+		case o.Mark.NoticeSeen:
+			return withEvidence(retryOrFail(r, "training failed after a preemption notice: "+firstLine(o.Mark.Error), true), evidence), nil
+		case preempted(a, evidence):
+			return withEvidence(retryOrFail(r, "training failed after its nodes were reclaimed: "+firstLine(o.Mark.Error), true), evidence), nil
+		}
 		// The training code failed: no retry can fix that.
 		return fail(runs.ApplicationError, false, "training failed: %s", firstLine(o.Mark.Error)), nil
 	}

@@ -250,6 +250,13 @@ func TestDecidePreemption(t *testing.T) {
 		{"job failed, disruption recorded before", Observation{Run: rec(runs.Running, lostTwice, func(r *runs.Record) { r.Attempts[3].Preemptions = []string{"w-1: TerminationByKubelet"} }), Job: failed, Workers: disrupted, Now: soon}, Retry, "", 0},
 		{"trainer checkpointed on notice", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Mark: &checkpoints.Mark{Status: checkpoints.MarkPreempted}, Now: soon}, Retry, "", 1},
 		{"job failed, no evidence, no retry left", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Now: soon}, Finish, runs.InfrastructureFailure, 0},
+		// A node reclaimed before the save on notice ended: the driver
+		// writes a failed mark, which is still a preemption.
+		{"failed mark after a notice", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Mark: &checkpoints.Mark{Status: "failed", Error: "ActorDiedError: the worker died", NoticeSeen: true}, Now: soon}, Retry, "", 1},
+		{"failed mark, pod lost (KubeRay's event)", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Mark: &checkpoints.Mark{Status: "failed", Error: "ActorDiedError: the worker died"}, Workers: &Workers{Need: 2, Running: 1, Disrupted: []string{"w-1: deleted by KubeRay in phase Failed"}}, Now: soon}, Retry, "", 1},
+		{"failed mark, disruption recorded before", Observation{Run: rec(runs.Running, lostTwice, func(r *runs.Record) { r.Attempts[3].Preemptions = []string{"w-1: TerminationByKubelet"} }), Job: failed, Mark: &checkpoints.Mark{Status: "failed", Error: "ActorDiedError"}, Now: soon}, Retry, "", 0},
+		{"failed mark after a notice, budget spent", Observation{Run: rec(runs.Running, lostTwice, budget(2)), Job: failed, Mark: &checkpoints.Mark{Status: "failed", NoticeSeen: true}, Now: soon}, Finish, runs.Preempted, 1},
+		{"failed mark, no evidence", Observation{Run: rec(runs.Running, lostTwice), Job: failed, Mark: &checkpoints.Mark{Status: "failed", Error: "ValueError: bad"}, Workers: &Workers{Need: 2, Running: 2}, Now: soon}, Finish, runs.ApplicationError, 0},
 		{"preemption budget spent", Observation{Run: rec(runs.Running, lostTwice, budget(2)), Job: failed, Workers: disrupted, Now: soon}, Finish, runs.Preempted, 1},
 	}
 	for _, c := range cases {

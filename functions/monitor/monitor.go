@@ -76,10 +76,12 @@ type attemptFiles struct {
 }
 
 // listing is what a sweep lists once for all its checks: the RayJobs by
-// name, the worker pods by namespace/cluster.
+// name, the worker pods and KubeRay's DeletedWorkerPod Events by
+// namespace/cluster.
 type listing struct {
 	jobs    map[string]*rayv1.RayJob
 	workers map[string][]corev1.Pod
+	lost    map[string][]corev1.Event
 }
 
 // check looks at one run: it observes, decides, then acts. listed is what

@@ -37,6 +37,10 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	lost, err := h.listLost(ctx)
+	if err != nil {
+		return err
+	}
 	busy, known := map[string]bool{}, map[string]bool{}
 	var todo []string
 	queued := map[string][]string{} // by cluster, namespace/name
@@ -66,7 +70,7 @@ func (h *Handler) Sweep(ctx context.Context) error {
 			todo = append(todo, ids...)
 		}
 	}
-	errs = append(errs, h.checkAll(ctx, todo, &listing{jobs: jobs, workers: workers})...)
+	errs = append(errs, h.checkAll(ctx, todo, &listing{jobs: jobs, workers: workers, lost: lost})...)
 	errs = append(errs, h.releaseOrphans(ctx, known, queued)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {

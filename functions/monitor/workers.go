@@ -12,14 +12,20 @@ import (
 )
 
 // workers observes the worker pods of the run's cluster: how many run, why
-// one is pending, and which Kubernetes marked as disrupted.
+// one is pending, which Kubernetes marked as disrupted, and which KubeRay
+// deleted after their nodes went away (lost.go).
 func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing) (*Workers, error) {
 	var pods []corev1.Pod
+	var events []corev1.Event
 	if listed != nil {
 		pods = listed.workers[rec.Namespace+"/"+rec.Cluster]
+		events = listed.lost[rec.Namespace+"/"+rec.Cluster]
 	} else {
 		var err error
 		if pods, err = h.Deps.WorkerPods(ctx, rec.Namespace, rec.Cluster); err != nil {
+			return nil, err
+		}
+		if events, err = h.lostEvents(ctx, rec.Namespace, rec.Cluster); err != nil {
 			return nil, err
 		}
 	}
@@ -29,6 +35,7 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 	for i := range placements {
 		placements[i], _ = manifests.WorkerPlacement(s, i)
 	}
+	w.Disrupted = lostDuring(rec.CurrentAttempt(), events)
 	for _, p := range pods {
 		if why, at := disruption(&p); why != "" {
 			// A pod an earlier attempt lost may linger until KubeRay

@@ -35,6 +35,7 @@ locals {
       writes_reports  = false
       kube = {
         configmaps  = ["create"]
+        events      = ["list"]
         pods        = ["list"]
         rayclusters = ["create", "get", "list", "update"]
         rayjobs     = ["delete", "get", "list"]
@@ -56,6 +57,7 @@ locals {
   # The API group of each resource in the functions' kube tables.
   kube_api_groups = {
     configmaps  = ""
+    events      = ""
     pods        = ""
     rayclusters = "ray.io"
     rayjobs     = "ray.io"

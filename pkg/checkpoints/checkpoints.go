@@ -74,8 +74,12 @@ type Checkpoint struct {
 // Mark is the trainer's completion mark (raydrop_result.json), the fields
 // the pipeline reads.
 type Mark struct {
-	Status       string             `json:"status"` // succeeded, failed or MarkPreempted
-	Error        string             `json:"error,omitempty"`
+	Status string `json:"status"` // succeeded, failed or MarkPreempted
+	Error  string `json:"error,omitempty"`
+	// NoticeSeen: a preemption notice reached the attempt (a worker pod's
+	// preStop hook or the driver's SIGTERM) before it ended. A failed mark
+	// with it is a node reclaimed while the save on notice still ran.
+	NoticeSeen   bool               `json:"noticeSeen,omitempty"`
 	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
 	Data         *DataStats         `json:"data,omitempty"`
 	Samples      *Samples           `json:"samples,omitempty"`
@@ -349,11 +353,12 @@ func ReadMark(ctx context.Context, st Store, experiment string) (*Mark, error) {
 		FinalMetrics map[string]any `json:"finalMetrics"`
 		Data         *DataStats     `json:"data"`
 		Samples      *Samples       `json:"samples"`
+		NoticeSeen   bool           `json:"noticeSeen"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("parse %s: %w: %w", st.URI(name), ErrUnreadable, err)
 	}
-	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}, Data: raw.Data, Samples: raw.Samples}
+	m := &Mark{Status: raw.Status, FinalMetrics: map[string]float64{}, Data: raw.Data, Samples: raw.Samples, NoticeSeen: raw.NoticeSeen}
 	if raw.Error != nil {
 		m.Error = *raw.Error
 	}

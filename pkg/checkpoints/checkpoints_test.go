@@ -115,7 +115,7 @@ func TestDiscoverMetrics(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, merge(adapter("checkpoint_000000"), map[string]string{
 		trial + "/result.json":              `{"step": 10, "epoch": 1.0, "loss": 1.5, "learning_rate": 0.0002, "checkpoint_dir_name": "checkpoint_000000", "timestamp": 17, "pid": 3, "hostname": "h"}`,
-		"run/attempt-1/raydrop_result.json": `{"status": "failed", "error": "ValueError: boom", "finalMetrics": {"train_runtime": 12.5}}`,
+		"run/attempt-1/raydrop_result.json": `{"status": "failed", "error": "ValueError: boom", "finalMetrics": {"train_runtime": 12.5}, "noticeSeen": true}`,
 	}))
 	res, err := checkpoints.Discover(context.Background(), checkpoints.Dir(dir), "run/attempt-1")
 	if err != nil {
@@ -128,7 +128,7 @@ func TestDiscoverMetrics(t *testing.T) {
 	if _, ok := c.Metrics["timestamp"]; ok {
 		t.Error("Ray's bookkeeping number timestamp kept as a metric")
 	}
-	if res.Mark == nil || res.Mark.Status != "failed" || res.Mark.Error != "ValueError: boom" {
+	if res.Mark == nil || res.Mark.Status != "failed" || res.Mark.Error != "ValueError: boom" || !res.Mark.NoticeSeen {
 		t.Errorf("mark %+v", res.Mark)
 	}
 	if res.FinalMetrics["train_runtime"] != 12.5 || res.FinalMetrics["loss"] != 1.5 {

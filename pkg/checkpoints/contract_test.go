@@ -28,6 +28,7 @@ type trainerMark struct {
 	LatestCheckpoint *string                `json:"latestCheckpoint"`
 	Data             *checkpoints.DataStats `json:"data"`
 	Samples          *checkpoints.Samples   `json:"samples"`
+	NoticeSeen       *bool                  `json:"noticeSeen"`
 }
 
 // TestTrainerLayoutContract runs checkpoint discovery over a storage tree
@@ -61,6 +62,10 @@ func TestTrainerLayoutContract(t *testing.T) {
 			}
 			if res.Mark == nil || res.Mark.Status != m.Status {
 				t.Fatalf("mark status: discovery %+v, file %q", res.Mark, m.Status)
+			}
+			// Every mark says whether a preemption notice reached the attempt.
+			if m.NoticeSeen == nil || res.Mark.NoticeSeen != *m.NoticeSeen {
+				t.Errorf("mark noticeSeen: discovery %v, file %v", res.Mark.NoticeSeen, m.NoticeSeen)
 			}
 			switch {
 			case (res.Mark.Data == nil) != (m.Data == nil):

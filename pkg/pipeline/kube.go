@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/retry"
 
@@ -56,12 +58,18 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 	if !apierrors.IsAlreadyExists(err) {
 		return kubeErr("create raycluster "+want.Namespace+"/"+want.Name, err)
 	}
-	_, err = d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) bool {
+	_, err = d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) (bool, error) {
 		// The attempt's first capacity tier, for the pods KubeRay creates
-		// from now on (running ones stay on their nodes).
+		// from now on (running ones stay on their nodes). An earlier
+		// attempt's workersToDelete goes: KubeRay deletes the pods it names
+		// on every reconcile and never clears the list in the spec.
 		changed := place(cur, want, nil)
 		for i := range cur.Spec.WorkerGroupSpecs {
 			g := &cur.Spec.WorkerGroupSpecs[i]
+			if len(g.ScaleStrategy.WorkersToDelete) > 0 {
+				g.ScaleStrategy.WorkersToDelete = nil
+				changed = true
+			}
 			for _, w := range want.Spec.WorkerGroupSpecs {
 				if w.GroupName != g.GroupName {
 					continue
@@ -72,22 +80,22 @@ func (d *Deps) EnsureCluster(ctx context.Context, want *rayv1.RayCluster) error 
 				}
 			}
 		}
-		return changed
+		return changed, nil
 	})
 	return kubeErr("scale up raycluster "+want.Namespace+"/"+want.Name, err)
 }
 
 // editCluster reads the RayCluster, lets edit change it and writes it back
 // when edit reports a change, again from a fresh read on a conflict.
-func (d *Deps) editCluster(ctx context.Context, namespace, name string, edit func(*rayv1.RayCluster) bool) (changed bool, err error) {
+func (d *Deps) editCluster(ctx context.Context, namespace, name string, edit func(*rayv1.RayCluster) (bool, error)) (changed bool, err error) {
 	rcs := d.Ray.RayV1().RayClusters(namespace)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := rcs.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if changed = edit(cur); !changed {
-			return nil
+		if changed, err = edit(cur); err != nil || !changed {
+			return err
 		}
 		_, err = rcs.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
@@ -110,19 +118,65 @@ func (d *Deps) WorkerPods(ctx context.Context, namespace, cluster string) ([]cor
 	return list.Items, nil
 }
 
+// ClusterEvents lists the Events of one reason recorded on a RayCluster,
+// or on every RayCluster in the namespace when cluster is "" (one LIST,
+// filtered by the API server on the Event's fields).
+func (d *Deps) ClusterEvents(ctx context.Context, namespace, cluster, reason string) ([]corev1.Event, error) {
+	sel := fields.Set{"involvedObject.kind": "RayCluster", "reason": reason}
+	if cluster != "" {
+		sel["involvedObject.name"] = cluster
+	}
+	list, err := d.Kube.Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: sel.String()})
+	if err != nil {
+		return nil, kubeErr("list events in "+namespace+" ("+sel.String()+")", err)
+	}
+	return list.Items, nil
+}
+
 // PlaceWorkers puts the cluster's worker group on the placement of want (a
-// capacity tier's node selector and tolerations) and names pending in
-// KubeRay's scaleStrategy.workersToDelete: KubeRay deletes those pods,
-// whatever the autoscaler says, and creates their replacements from the
-// new template. Pods already running stay where they are. A cluster
-// already so placed is left alone.
+// capacity tier's node selector and tolerations) and names the pods of
+// pending that are still pending in KubeRay's scaleStrategy.workersToDelete:
+// KubeRay deletes those pods, whatever the autoscaler says, and creates
+// their replacements from the new template. Pods already running stay
+// where they are. A cluster already so placed is left alone.
+//
+// The pods are read again just before each write (the caller's list may be
+// a tick old), so a pod that started meanwhile is not deleted; the window
+// left is that one read. The list replaces the one before: KubeRay deletes
+// what it names on every reconcile and never writes it back
+// (raycluster_controller.go, reconcilePods), so names left there would
+// carry over to later tiers, attempts and runs.
 func (d *Deps) PlaceWorkers(ctx context.Context, want *rayv1.RayCluster, pending []string) error {
-	_, err := d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) bool { return place(cur, want, pending) })
+	_, err := d.editCluster(ctx, want.Namespace, want.Name, func(cur *rayv1.RayCluster) (bool, error) {
+		pods, err := d.WorkerPods(ctx, want.Namespace, want.Name)
+		if err != nil {
+			return false, err
+		}
+		return place(cur, want, StillPending(pods, pending)), nil
+	})
 	return kubeErr("move the workers of raycluster "+want.Namespace+"/"+want.Name, err)
 }
 
-// place copies want's worker placement into cur, naming pending for
-// deletion; false when nothing changes.
+// StillPending is the pods of names that pods shows pending and not being
+// deleted, in the order of names.
+func StillPending(pods []corev1.Pod, names []string) []string {
+	pending := map[string]bool{}
+	for _, p := range pods {
+		if p.Status.Phase == corev1.PodPending && p.DeletionTimestamp == nil {
+			pending[p.Name] = true
+		}
+	}
+	var out []string
+	for _, n := range names {
+		if pending[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// place copies want's worker placement into cur, naming pending (and only
+// those) for deletion; false when nothing changes.
 func place(cur, want *rayv1.RayCluster, pending []string) bool {
 	changed := false
 	for i := range cur.Spec.WorkerGroupSpecs {
@@ -133,9 +187,7 @@ func place(cur, want *rayv1.RayCluster, pending []string) bool {
 				continue
 			}
 			ps.NodeSelector, ps.Tolerations = ws.NodeSelector, ws.Tolerations
-			if len(pending) > 0 {
-				g.ScaleStrategy.WorkersToDelete = append(g.ScaleStrategy.WorkersToDelete, pending...)
-			}
+			g.ScaleStrategy.WorkersToDelete = slices.Clone(pending)
 			changed = true
 		}
 	}
@@ -148,7 +200,7 @@ func equal(a, b *int32) bool { return (a == nil) == (b == nil) && (a == nil || *
 // (KubeRay would clamp replicas up to minReplicas otherwise). A cluster that
 // is gone needs nothing.
 func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) (changed bool, err error) {
-	changed, err = d.editCluster(ctx, namespace, name, func(cur *rayv1.RayCluster) bool {
+	changed, err = d.editCluster(ctx, namespace, name, func(cur *rayv1.RayCluster) (bool, error) {
 		zero := int32(0)
 		changed := false
 		for i := range cur.Spec.WorkerGroupSpecs {
@@ -158,7 +210,7 @@ func (d *Deps) ScaleToZero(ctx context.Context, namespace, name string) (changed
 				changed = true
 			}
 		}
-		return changed
+		return changed, nil
 	})
 	if apierrors.IsNotFound(err) {
 		return false, nil

@@ -202,6 +202,16 @@ func (g *GCS) Read(ctx context.Context, bucket, name string, limit int64) ([]byt
 // an object would also need storage.objects.delete.
 // https://cloud.google.com/storage/docs/request-preconditions#special-case
 // https://cloud.google.com/storage/docs/access-control/iam-permissions#object_permissions
+//
+// When the name is taken, Cloud Storage's documentation does not settle
+// which answer an identity without storage.objects.delete gets: the
+// precondition's 412, or the 403 of an upload that needs the delete
+// permission because "an object with the same name already exists" (the
+// JSON API's permission table, footnote on objects.insert:
+// https://cloud.google.com/storage/docs/access-control/iam-json). So a 403
+// is followed by a look at the object (the writers of reports and events
+// also read their buckets): an object there is ErrExists, like a 412, and
+// only a 403 on a name still free is a refusal.
 func (g *GCS) Create(ctx context.Context, bucket, name string, data []byte, contentType string) error {
 	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
 	defer cancel()
@@ -214,6 +224,11 @@ func (g *GCS) Create(ctx context.Context, bucket, name string, data []byte, cont
 	}
 	err := w.Close()
 	var ge *googleapi.Error
+	if errors.As(err, &ge) && ge.Code == http.StatusForbidden {
+		if _, aerr := g.Client.Bucket(bucket).Object(name).Attrs(ctx); aerr == nil {
+			return fmt.Errorf("gs://%s/%s (the upload was refused with 403): %w", bucket, name, ErrExists)
+		}
+	}
 	if errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed {
 		return fmt.Errorf("gs://%s/%s: %w", bucket, name, ErrExists)
 	}

@@ -31,20 +31,22 @@ type Function struct {
 	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
 	// No function touches Secrets or anything cluster-wide; the monitor
 	// lists pods (to see workers wait for capacity or lose their nodes)
-	// and changes none.
+	// and the Events KubeRay records on the RayClusters (a worker pod it
+	// deleted after its node went away), and changes none.
 	Kube map[string][]string
 }
 
 // The Kubernetes resources the functions use, with their API groups.
 const (
 	ResourceConfigMaps  = "configmaps"
+	ResourceEvents      = "events"
 	ResourcePods        = "pods"
 	ResourceRayClusters = "rayclusters"
 	ResourceRayJobs     = "rayjobs"
 )
 
 // KubeGroups are the API groups of the resources in Function.Kube.
-var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourcePods: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
+var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceEvents: "", ResourcePods: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
 
 // Trigger delivers events to a function: a Pub/Sub topic's published
 // messages, or a bucket's finalized objects. A deployed function has one
@@ -105,6 +107,7 @@ var Functions = []Function{
 		// the sweep lists jobs and clusters and scales idle ones to zero.
 		Kube: map[string][]string{
 			ResourceConfigMaps:  {"create"},
+			ResourceEvents:      {"list"},
 			ResourcePods:        {"list"},
 			ResourceRayClusters: {"create", "get", "list", "update"},
 			ResourceRayJobs:     {"delete", "get", "list"},

@@ -136,3 +136,20 @@ def test_sigterm_handler_never_writes_through_sys_stdout(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HANDLER_CHILD, TRAINER_DIR], capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"training goes on" in proc.stdout and b"gave the workers notice" in proc.stdout, proc.stdout
+
+
+def test_a_worker_tells_the_driver_of_its_notice_file_once(monkeypatch, tmp_path):
+    """The worker that finds its node's notice file puts the attempt's key in Ray's
+    store, once, so that the driver's mark says a notice came even if the node dies
+    before the save ends."""
+    put = []
+    monkeypatch.setattr(notice, "put", put.append)
+    where = str(tmp_path / "notice")
+    watch = notice.Watch(where=where, tell_key="attempt-k")
+    assert not watch.due() and put == []
+    notice.give(where)
+    assert watch.due() and watch.due()
+    assert put == ["attempt-k"]
+    # Without a key (an older driver), nothing is put and the notice still counts.
+    silent = notice.Watch(where=where)
+    assert silent.due() and put == ["attempt-k"]

@@ -321,7 +321,7 @@ def test_failed_run_writes_mark(ray_address, storage, assets):
     with open(notice) as f:  # announced after the mark, naming it
         assert json.load(f)["mark"] == os.path.join(storage, "exp-fail", "raydrop_result.json")
     doc = mark(storage, "exp-fail")
-    assert doc["status"] == "failed"
+    assert doc["status"] == "failed" and doc["noticeSeen"] is False, doc
     assert doc["error"] and "no-such-dataset" in doc["error"], doc["error"]
     assert doc["checkpoints"] == [] and doc["latestCheckpoint"] is None and doc["finalMetrics"] == {}
 
@@ -372,6 +372,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_attempt_resumes(ray_address, st
 
     m = mark(storage, "exp-p")
     assert m["status"] == "preempted", m
+    assert m["noticeSeen"] is True, m
     trial, rows = results(storage, "exp-p")
     last = rows[-1]
     stopped = last["preempted_at_step"]
@@ -419,3 +420,44 @@ def test_messages_with_zero_one_and_two_images_from_a_file_uri(ray_address, stor
     assert sum(len(s["images"]) for s in samples["samples"]) == len(
         [n for n in os.listdir(os.path.join(storage, "exp-msg", "samples")) if n.endswith(".png")])
     assert all(s["prompt"].endswith("<start_of_turn>model\n") for s in samples["samples"])
+
+
+def test_a_workers_notice_file_reaches_the_drivers_mark(ray_address, storage, assets):
+    """A worker pod's preStop hook leaves the notice file on its node; the worker
+    that finds it puts the attempt's key in Ray's store before the save, so the
+    driver's mark says a notice came (noticeSeen), even though the driver itself
+    got no SIGTERM: had the node died during the save, the failed mark would
+    still tell the pipeline that the attempt was preempted."""
+    import time
+
+    import notice
+
+    where = os.environ["RAYDROP_NOTICE_FILE"]
+    if os.path.exists(where):
+        os.remove(where)
+    long_run = 400
+    proc = start_trainer(ray_address, storage, "exp-file", assets, dict(os.environ), run_id="test-file-notice",
+                         extra=["--max-steps", str(long_run), "--save-steps", str(long_run)])
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            found = glob.glob(os.path.join(storage, "exp-file", "TorchTrainer_*", "result.json"))
+            if found and os.path.getsize(found[0]) > 0:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("no step reported before the deadline: " + (proc.communicate()[0] or "")[-6000:])
+        notice.give(where)  # what the preStop hook does
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            pytest.fail("the workers never saw their notice file: " + out[-6000:])
+    finally:
+        if os.path.exists(where):
+            os.remove(where)
+    assert proc.returncode == 3, out[-6000:]
+    assert "SIGTERM: gave the workers notice" not in out, out[-6000:]
+    m = mark(storage, "exp-file")
+    assert m["status"] == "preempted" and m["noticeSeen"] is True, m

@@ -9,6 +9,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -162,6 +163,24 @@ func (s *Sim) preempt(ctx context.Context, ns, cluster string) (string, error) {
 		return pod.Name, nil
 	}
 	return "", fmt.Errorf("no running worker pod of %s/%s to preempt", ns, cluster)
+}
+
+// waitDeleted blocks until the pod is gone (KubeRay deletes a worker pod in
+// phase Failed on its next reconcile), for at most a minute.
+func (s *Sim) waitDeleted(ctx context.Context, ns, pod string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		err := s.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: pod}, &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s/%s still there: %w", ns, pod, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // waitForWorkers blocks until every worker pod the cluster's groups ask for

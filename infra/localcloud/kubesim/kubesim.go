@@ -79,6 +79,19 @@ const (
 	// checkpoint of it on the notice, writes a preempted mark and stops;
 	// the Ray job ends FAILED.
 	Preempt Outcome = "preempt"
+	// Reclaim reclaims a worker's node during step At, and the step
+	// outlasts the node's notice (GKE gives a Spot VM's pods 15 of its 30
+	// seconds): the worker dies before it ends the step, so it never sees
+	// the notice. KubeRay deletes the failed pod; only then does the driver
+	// hear of the dead worker and write a failed mark. The Ray job ends
+	// FAILED, and the pod's own evidence is gone before anyone looks.
+	Reclaim Outcome = "reclaim"
+	// ReclaimInSave reclaims a worker's node during step At; the worker
+	// sees the notice at the step's end and tells the driver, but the node
+	// goes before the save of step At ends: that checkpoint folder is left
+	// partial, KubeRay deletes the failed pod, and the driver writes a
+	// failed mark that says a notice came (noticeSeen).
+	ReclaimInSave Outcome = "reclaim-in-save"
 )
 
 // Scenario is how one Ray job plays.
@@ -108,6 +121,9 @@ type Scenario struct {
 	// attempts after the list succeed. The player itself reads Outcome
 	// and At.
 	PreemptAt []int
+	// PreemptAs is how each attempt in PreemptAt loses its node: Preempt
+	// (the default: the save on notice ends), Reclaim or ReclaimInSave.
+	PreemptAs Outcome
 	// DroppedRows is how many of the dataset's rows are longer than
 	// --max-seq-length (default 0). The dataset has one epoch's samples plus
 	// these; above --max-dropped-share the job fails before training, with

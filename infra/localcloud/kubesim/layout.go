@@ -320,6 +320,7 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 		"checkpoints":      checkpoints,
 		"latestCheckpoint": latest,
 		"finalMetrics":     final,
+		"noticeSeen":       t.notice,
 	}
 	name := a.experimentName() + "/raydrop_result.json"
 	if err := t.st.put(ctx, a.bucket, name, mustJSON(doc)); err != nil {

@@ -321,6 +321,8 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 				return t.loseHead(ctx, step)
 			case Preempt:
 				return t.preempted(ctx, step, total)
+			case Reclaim, ReclaimInSave:
+				return t.reclaimed(ctx, step, total, sc.Outcome == ReclaimInSave)
 			case Hang:
 				t.p.log().Info("Ray job hangs", "step", step)
 				select {
@@ -437,6 +439,45 @@ func (t *trainer) preempted(ctx context.Context, step, total int) (rayv1.JobStat
 		return "", ""
 	}
 	return rayv1.JobStatusFailed, msg
+}
+
+// reclaimed plays a node reclaimed during step before the save on notice
+// could end (Reclaim, ReclaimInSave): the worker's pod fails, KubeRay
+// deletes it, and only then does the driver learn that the worker died
+// (Ray notices a node gone by its missed health checks, seconds later) and
+// write a failed mark. In a save, the checkpoint folder of the step is
+// left without its adapter.
+func (t *trainer) reclaimed(ctx context.Context, step, total int, inSave bool) (rayv1.JobStatus, string) {
+	s := t.p.d.sim
+	pod, err := s.preempt(ctx, t.ns, t.cluster)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ""
+		}
+		t.p.log().Warn("no worker to reclaim", "err", err)
+	}
+	t.p.log().Info("worker node reclaimed", "step", step, "pod", pod, "in_save", inSave)
+	if inSave {
+		// The worker saw the notice at the step's end and told the driver
+		// (trainer/notice.py Watch._tell); the upload of the step's
+		// checkpoint had begun.
+		t.notice = true
+		name := fmt.Sprintf("checkpoint_%06d", len(t.ckpts))
+		if err := t.st.put(ctx, t.a.bucket, t.trial+"/"+name+"/checkpoint/adapter_config.json", []byte("{}")); err != nil && ctx.Err() != nil {
+			return "", ""
+		}
+	}
+	if pod != "" {
+		if err := s.waitDeleted(ctx, t.ns, pod); err != nil {
+			if ctx.Err() != nil {
+				return "", ""
+			}
+			t.p.log().Warn("the reclaimed pod was not deleted", "pod", pod, "err", err)
+		}
+	}
+	msg := "WorkerGroupError: Training failed due to worker errors: ray.exceptions.ActorDiedError: " +
+		"The actor died unexpectedly before finishing this task (the node running it was lost)"
+	return t.fail(ctx, msg, step)
 }
 
 // metrics of one optimizer step: the loss falls with the global step.

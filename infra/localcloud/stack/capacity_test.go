@@ -130,3 +130,64 @@ func TestPreemptedTwice(t *testing.T) {
 	}
 	waitNoWorkers(t, "e2e-preempt")
 }
+
+// TestReclaimedBeforeTheSaveEnded: a Spot node reclaimed while its worker
+// is mid-step (it never sees the notice) or while the save on notice still
+// runs. Either way the trainer's mark says failed, and KubeRay has deleted
+// the failed pod before the mark is written, so the pod's own evidence is
+// gone when the monitor looks. The attempt is still a preemption (from
+// KubeRay's DeletedWorkerPod Event, and the mark's noticeSeen), retried
+// against limits.preemptions with limits.retries 0, and resumes from the
+// newest complete checkpoint (never the one the save left partial).
+func TestReclaimedBeforeTheSaveEnded(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		how      kubesim.Outcome
+		evidence string
+	}{
+		{kubesim.Reclaim, "deleted by KubeRay in phase Failed"},
+		{kubesim.ReclaimInSave, "a preemption notice came before it failed"},
+	} {
+		t.Run(string(c.how), func(t *testing.T) {
+			t.Parallel()
+			cluster := "e2e-" + string(c.how)
+			var m map[string]any
+			if err := json.Unmarshal(tieredSpec(t, cluster, map[string]any{"type": "spot"}), &m); err != nil {
+				t.Fatal(err)
+			}
+			m["limits"] = map[string]any{"retries": 0, "preemptions": 2}
+			data, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runID := upload(t, string(c.how), data, "preempt=3/6,preemptAs="+string(c.how)+",steps=2,step=200ms")
+			r := waitPhase(t, runID, 180*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+			if r.Phase != runs.Succeeded || r.Attempt != 3 {
+				t.Fatalf("phase %s attempt %d (%s %s); want SUCCEEDED on attempt 3", r.Phase, r.Attempt, r.Reason, r.Message)
+			}
+			if retried, preempted := r.Lost(); retried != 0 || preempted != 2 {
+				t.Errorf("%d retries and %d preemptions used, want 0 and 2", retried, preempted)
+			}
+			for _, a := range r.Attempts[:2] {
+				found := slices.ContainsFunc(a.Preemptions, func(s string) bool { return strings.Contains(s, c.evidence) })
+				if a.Reason != runs.Preempted || !found {
+					t.Errorf("attempt %d ended %s with evidence %q, want Preempted with %q", a.N, a.Reason, a.Preemptions, c.evidence)
+				}
+			}
+			// The node went before the save of step 3 (6) ended, or before
+			// the step did: each attempt resumes from the newest complete
+			// checkpoint, the one the epoch before saved.
+			var resumed []int
+			prefix := "default/" + strings.TrimSuffix(names.RayJob(runID, 1), "1")
+			for _, p := range st.Sim.Played() {
+				if strings.HasPrefix(p.RayJob, prefix) {
+					resumed = append(resumed, p.ResumedFrom)
+				}
+			}
+			if !slices.Equal(resumed, []int{0, 2, 4}) {
+				t.Errorf("attempts resumed from steps %v, want [0 2 4]", resumed)
+			}
+			waitNoWorkers(t, cluster)
+		})
+	}
+}

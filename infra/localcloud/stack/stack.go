@@ -12,6 +12,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -712,7 +713,7 @@ func (s *Stack) scenario(ctx context.Context, job *rayv1.RayJob) kubesim.Scenari
 		n, _ := strconv.Atoi(job.Labels[names.LabelAttempt])
 		parsed.Outcome = kubesim.Succeed
 		if n >= 1 && n <= len(at) {
-			parsed.Outcome, parsed.At = kubesim.Preempt, at[n-1]
+			parsed.Outcome, parsed.At = cmp.Or(parsed.PreemptAs, kubesim.Preempt), at[n-1]
 		}
 	}
 	return parsed
@@ -758,8 +759,15 @@ func ParseScenario(text string) (kubesim.Scenario, error) {
 			sc.Refuse, err = parseRefuse(v)
 		case "preempt":
 			sc.PreemptAt, err = parsePreempt(v)
+		case "preemptAs":
+			switch o := kubesim.Outcome(v); o {
+			case kubesim.Preempt, kubesim.Reclaim, kubesim.ReclaimInSave:
+				sc.PreemptAs = o
+			default:
+				err = fmt.Errorf("preemptAs=%s: allowed: preempt (the save on notice ends), reclaim (the node goes mid-step), reclaim-in-save (the node goes during the save)", v)
+			}
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped, refuse, preempt)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, dropped, refuse, preempt, preemptAs)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)
