@@ -23,6 +23,12 @@ INFRA_DIR ?= infra/gcp
 INFRA_TF = $(or $(wildcard $(TOFU)),$(shell command -v tofu),$(shell command -v terraform),$(TOFU))
 INFRA_VARS ?= terraform.tfvars
 DEPLOY_FLAGS ?=
+# make deploy first checks the region's GPU quota for the capacity tiers
+# the job specs use, and the GKE version flex-start needs
+# (infra/gcp/preflight; PREFLIGHT=0 skips it). Its flags, e.g.
+# PREFLIGHT_FLAGS="-tiers reservation,flexStart,spot -gpus 16".
+PREFLIGHT ?= 1
+PREFLIGHT_FLAGS ?=
 
 ##@ Google Cloud (infra/gcp; see infra/gcp/README.md)
 
@@ -78,8 +84,9 @@ infra-plan: infra-tools ## Offline plan tests of the HCL (tofu test with mocks) 
 	done
 
 .PHONY: deploy
-deploy: $(if $(filter $(TOFU),$(INFRA_TF)),$(TOFU)) ## Deploy to Google Cloud: init + apply with infra/gcp/terraform.tfvars (needs credentials and network)
+deploy: $(if $(filter $(TOFU),$(INFRA_TF)),$(TOFU)) ## Deploy to Google Cloud: the GPU quota and version check (PREFLIGHT=0 skips it), then init + apply with infra/gcp/terraform.tfvars (needs credentials and network)
 	@test -f infra/gcp/$(INFRA_VARS) || { echo "deploy: copy infra/gcp/terraform.tfvars.example to infra/gcp/$(INFRA_VARS) and fill it in" >&2; exit 1; }
+	$(if $(filter 1,$(PREFLIGHT)),$(GO) run ./infra/gcp/preflight -tfvars infra/gcp/$(INFRA_VARS) $(PREFLIGHT_FLAGS))
 	$(INFRA_TF) -chdir=infra/gcp init -input=false
 	$(INFRA_TF) -chdir=infra/gcp apply -var-file=$(INFRA_VARS) $(DEPLOY_FLAGS)
 	@echo 'deploy: point the CLI at it with: eval "$$(make -s deploy-env)"'
