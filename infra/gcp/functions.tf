@@ -202,6 +202,18 @@ resource "google_pubsub_topic_iam_member" "publisher" {
 # GKE, so no project-wide Kubernetes role (roles/container.developer would
 # allow every namespace and every Secret) is granted.
 # https://cloud.google.com/kubernetes-engine/docs/how-to/iam#interaction_with_rbac
+#
+# The DNS-based endpoint lets a request through only when its caller holds
+# container.clusters.connect on the cluster
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation).
+# roles/container.clusterViewer holds container.clusters.connect,
+# container.clusters.get and .list (and resourcemanager.projects.get, .list)
+# and nothing inside the cluster: the narrowest predefined role with both
+# (https://cloud.google.com/iam/docs/roles-permissions/container; the
+# permission list as `gcloud iam roles describe roles/container.clusterViewer`
+# returns it, mirrored in github.com/iann0036/iam-dataset,
+# gcp/roles/container.clusterViewer.json, whose older snapshots lack
+# connect: it was added to the role later).
 resource "google_project_iam_member" "cluster_viewer" {
   for_each = local.functions
   project  = var.project_id

@@ -160,6 +160,27 @@ variable "event_bus_destination" {
   default     = ""
 }
 
+variable "event_bus_destination_auth" {
+  description = "With event_bus_destination: sign the pipeline's requests with a Google OIDC token of its own service account (raydrop-bus-delivery), as an authenticated Cloud Run service needs. false: send no credentials (a public endpoint)."
+  type        = bool
+  default     = true
+}
+
+variable "event_bus_destination_service" {
+  description = "With event_bus_destination_auth: the Cloud Run service behind event_bus_destination, on which the pipeline's account gets roles/run.invoker. null: grant it yourself (output event_bus_delivery_account)."
+  type = object({
+    name     = string
+    location = string
+  })
+  default = null
+}
+
+variable "event_bus_network_attachment" {
+  description = "With event_bus_destination: a network attachment (projects/P/regions/R/networkAttachments/N) through which the pipeline reaches a destination only a VPC network can reach. Empty: the destination is reached over its public address."
+  type        = string
+  default     = ""
+}
+
 variable "env" {
   description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE)."
   type        = map(string)

@@ -133,7 +133,29 @@ run "event_bus" {
   variables {
     event_bus             = true
     event_bus_destination = "https://subscriber-abc123-uc.a.run.app"
-    namespace             = "training"
+    event_bus_destination_service = {
+      name     = "subscriber"
+      location = "us-central1"
+    }
+    namespace = "training"
+  }
+
+  # The pipeline signs its requests for the authenticated destination with
+  # its own account's OIDC token, and that account may invoke the service.
+  assert {
+    condition = (
+      google_eventarc_pipeline.succeeded[0].destinations[0].authentication_config[0].google_oidc[0].service_account == google_service_account.bus_delivery[0].email &&
+      google_eventarc_pipeline.succeeded[0].destinations[0].authentication_config[0].google_oidc[0].audience == "https://subscriber-abc123-uc.a.run.app" &&
+      google_cloud_run_v2_service_iam_member.bus_delivery_invoker[0].member == google_service_account.bus_delivery[0].member &&
+      google_cloud_run_v2_service_iam_member.bus_delivery_invoker[0].name == "subscriber" &&
+      google_cloud_run_v2_service_iam_member.bus_delivery_invoker[0].role == "roles/run.invoker"
+    )
+    error_message = "The event bus pipeline does not authenticate to its destination as an invoker of it."
+  }
+
+  assert {
+    condition     = length(google_eventarc_pipeline.succeeded[0].destinations[0].network_config) == 0
+    error_message = "No network attachment unless one is named."
   }
 
   assert {
