@@ -86,7 +86,7 @@ locals {
     RAYDROP_PROJECT           = var.project_id
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
     RAYDROP_STATE_BUCKET      = google_storage_bucket.state.name
-    RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
+    RAYDROP_OUTPUT_BUCKETS    = join(",", concat([google_storage_bucket.artifacts.name], var.extra_checkpoint_buckets))
     RAYDROP_DATA_BUCKETS      = join(",", var.data_buckets)
     RAYDROP_NAMESPACES        = var.namespace
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
@@ -187,6 +187,21 @@ resource "google_storage_bucket_iam_member" "artifacts_report_creator" {
   bucket   = google_storage_bucket.artifacts.name
   role     = "roles/storage.objectCreator"
   member   = google_service_account.function[each.key].member
+}
+
+# The same two grants on every extra checkpoint bucket (var.extra_checkpoint_buckets).
+resource "google_storage_bucket_iam_member" "extra_artifacts_viewer" {
+  for_each = merge([for k, f in local.functions : { for b in var.extra_checkpoint_buckets : "${k}/${b}" => { function = k, bucket = b } } if f.reads_artifacts]...)
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectViewer"
+  member   = google_service_account.function[each.value.function].member
+}
+
+resource "google_storage_bucket_iam_member" "extra_artifacts_report_creator" {
+  for_each = merge([for k, f in local.functions : { for b in var.extra_checkpoint_buckets : "${k}/${b}" => { function = k, bucket = b } } if f.writes_reports]...)
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectCreator"
+  member   = google_service_account.function[each.value.function].member
 }
 
 resource "google_pubsub_topic_iam_member" "publisher" {

@@ -89,6 +89,12 @@ variable "artifact_bucket" {
   default     = ""
 }
 
+variable "extra_checkpoint_buckets" {
+  description = "Existing Cloud Storage buckets runs may write checkpoints to besides artifact_bucket (a job spec's output.bucket). Each gets the same grants and mark-notice notification as artifact_bucket. In this project: their notifications publish as this project's Cloud Storage agent."
+  type        = list(string)
+  default     = []
+}
+
 variable "source_bucket" {
   description = "Bucket holding the functions' source archive. Empty: <project_id>-raydrop-source."
   type        = string

@@ -84,8 +84,8 @@ run "defaults" {
     condition = length([for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -94,8 +94,8 @@ run "defaults" {
     error_message = "Grants the wiring table needs and the plan lacks (function|target|role): ${join(", ", [for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -176,8 +176,8 @@ run "event_bus" {
     condition = length([for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -186,8 +186,8 @@ run "event_bus" {
     error_message = "Grants the wiring table needs and the plan lacks (function|target|role): ${join(", ", [for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -199,8 +199,8 @@ run "event_bus" {
     condition = length([for want in flatten([for fn, f in var.wiring.functions : [for g in f.bus_grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -209,8 +209,8 @@ run "event_bus" {
     error_message = "Event-bus grants the wiring table needs and the plan lacks: ${join(", ", [for want in flatten([for fn, f in var.wiring.functions : [for g in f.bus_grants : "${fn}|${g}"]]) : want if !contains(toset(concat(
       [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
-      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator)) :
-      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup({ (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }, m.bucket, m.bucket)}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
       [for k, m in google_pubsub_topic_iam_member.publisher :
       "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
       [for m in google_cloud_run_v2_service_iam_member.invoker :
@@ -294,13 +294,15 @@ run "existing_private_cluster" {
   }
 }
 
-# 4. Several data buckets, with the checkpoint bucket named.
+# 4. Several checkpoint buckets (a named one and two existing ones) and
+# several data buckets.
 run "several_buckets" {
   command = plan
 
   variables {
-    artifact_bucket = "team-checkpoints"
-    data_buckets    = ["datasets-a", "datasets-b", "datasets-c"]
+    artifact_bucket          = "team-checkpoints"
+    extra_checkpoint_buckets = ["team-checkpoints-eu", "shared-checkpoints"]
+    data_buckets             = ["datasets-a", "datasets-b", "datasets-c"]
   }
 
   assert {
@@ -309,12 +311,47 @@ run "several_buckets" {
   }
 
   assert {
-    condition     = local.function_env.RAYDROP_DATA_BUCKETS == "datasets-a,datasets-b,datasets-c" && local.function_env.RAYDROP_OUTPUT_BUCKETS == "team-checkpoints"
-    error_message = "The functions are not told the data and checkpoint buckets."
+    condition     = local.function_env.RAYDROP_DATA_BUCKETS == "datasets-a,datasets-b,datasets-c" && local.function_env.RAYDROP_OUTPUT_BUCKETS == "team-checkpoints,team-checkpoints-eu,shared-checkpoints"
+    error_message = "The functions are not told the data and checkpoint buckets: ${local.function_env.RAYDROP_OUTPUT_BUCKETS}"
   }
 
   assert {
     condition     = google_storage_notification.marks.bucket == "team-checkpoints" && google_storage_bucket_iam_member.ray_artifacts.bucket == "team-checkpoints"
     error_message = "The mark notices and the Ray pods' writes are not on the named checkpoint bucket."
+  }
+
+  assert {
+    condition = alltrue([for b in ["team-checkpoints-eu", "shared-checkpoints"] :
+      google_storage_notification.marks_extra[b].object_name_prefix == google_storage_notification.marks.object_name_prefix &&
+      google_storage_bucket_iam_member.ray_extra_artifacts[b].role == "roles/storage.objectAdmin" &&
+      google_storage_bucket_iam_member.ray_extra_artifacts_bucket_metadata[b].role == "roles/storage.legacyBucketReader" &&
+      google_storage_bucket_iam_member.ray_extra_artifacts[b].member == google_service_account.ray.member
+    ])
+    error_message = "An extra checkpoint bucket lacks the mark notification or the Ray pods' grants."
+  }
+
+  # Every grant a function holds on the checkpoint bucket it holds on each
+  # extra one too.
+  assert {
+    condition = length([for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : [for b in var.extra_checkpoint_buckets : "${fn}|${replace(g, "bucket:artifacts|", "bucket:artifacts/${b}|")}"] if startswith(g, "bucket:artifacts|")]]) : want if !contains(toset(concat(
+      [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
+      [for k, m in google_pubsub_topic_iam_member.publisher :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
+      [for m in google_cloud_run_v2_service_iam_member.invoker :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|run:${lookup({ for k, f in google_cloudfunctions2_function.trigger : f.name => k }, m.name, m.name)}|${m.role}"],
+    )), want)]) == 0
+    error_message = "Grants on extra checkpoint buckets the plan lacks: ${join(", ", [for want in flatten([for fn, f in var.wiring.functions : [for g in f.grants : [for b in var.extra_checkpoint_buckets : "${fn}|${replace(g, "bucket:artifacts|", "bucket:artifacts/${b}|")}"] if startswith(g, "bucket:artifacts|")]]) : want if !contains(toset(concat(
+      [for m in concat(values(google_project_iam_member.cluster_viewer), values(google_project_iam_member.event_receiver), values(google_project_iam_member.bus_publisher)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|${m.project == var.project_id ? "project" : m.project}|${m.role}"],
+      [for m in concat(values(google_storage_bucket_iam_member.state_admin), values(google_storage_bucket_iam_member.intake_viewer), values(google_storage_bucket_iam_member.artifacts_viewer), values(google_storage_bucket_iam_member.artifacts_report_creator), values(google_storage_bucket_iam_member.extra_artifacts_viewer), values(google_storage_bucket_iam_member.extra_artifacts_report_creator)) :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|bucket:${lookup(merge({ for b in var.extra_checkpoint_buckets : b => "artifacts/${b}" }, { (google_storage_bucket.intake.name) = "intake", (google_storage_bucket.state.name) = "state", (google_storage_bucket.artifacts.name) = "artifacts" }), m.bucket, m.bucket)}|${m.role}"],
+      [for k, m in google_pubsub_topic_iam_member.publisher :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|topic:${split("/", k)[1]}|${m.role}"],
+      [for m in google_cloud_run_v2_service_iam_member.invoker :
+      "${lookup({ for k, s in google_service_account.function : s.member => k }, m.member, m.member)}|run:${lookup({ for k, f in google_cloudfunctions2_function.trigger : f.name => k }, m.name, m.name)}|${m.role}"],
+    )), want)])}"
   }
 }
