@@ -220,8 +220,11 @@ func clusterVersion(c config, run gcloud) (string, error) {
 		var cl struct {
 			CurrentMasterVersion string `json:"currentMasterVersion"`
 		}
-		if err := json.Unmarshal(raw, &cl); err != nil || cl.CurrentMasterVersion == "" {
-			return "", fmt.Errorf("read cluster %s's version: %v", c.cluster, err)
+		if err := json.Unmarshal(raw, &cl); err != nil {
+			return "", fmt.Errorf("read cluster %s: %w", c.cluster, err)
+		}
+		if cl.CurrentMasterVersion == "" {
+			return "", fmt.Errorf("cluster %s reports no currentMasterVersion", c.cluster)
 		}
 		return cl.CurrentMasterVersion, nil
 	}
