@@ -42,6 +42,7 @@ resource "terraform_data" "iam_propagation" {
     [for m in google_storage_bucket_iam_member.state_admin : m.id],
     [for m in google_storage_bucket_iam_member.intake_viewer : m.id],
     [for m in google_storage_bucket_iam_member.artifacts_viewer : m.id],
+    [for m in google_storage_bucket_iam_member.extra_artifacts_viewer : m.id],
     [for m in google_pubsub_topic_iam_member.publisher : m.id],
     [google_project_iam_member.gcs_agent_publisher.id, google_project_iam_member.build.id],
   )

@@ -25,6 +25,35 @@ resource "google_project_iam_member" "bus_publisher" {
 # An example route: every succeeded run's event to an HTTP endpoint
 # (var.event_bus_destination), through a pipeline. Enrollments match with
 # CEL on the CloudEvent's attributes: message.type, message.subject, ….
+#
+# A pipeline sends no credentials unless told to: an authenticated Cloud
+# Run service (or function) refuses its requests. With
+# event_bus_destination_auth (the default) the pipeline signs each request
+# with a Google OIDC token of its own service account (raydrop-bus-delivery),
+# whose audience is the destination URL, and that account is made an
+# invoker of var.event_bus_destination_service when it is named (else grant
+# roles/run.invoker on your service to the event_bus_delivery_account
+# output). A network attachment (Private Service Connect interface) is
+# needed only when the destination is reachable from a VPC network alone,
+# such as an internal address; set event_bus_network_attachment then.
+# https://cloud.google.com/eventarc/advanced/docs/event-providers-targets,
+# https://cloud.google.com/eventarc/docs/reference/rest/v1/projects.locations.pipelines#Destination
+resource "google_service_account" "bus_delivery" {
+  count        = var.event_bus && var.event_bus_destination != "" && var.event_bus_destination_auth ? 1 : 0
+  account_id   = "raydrop-bus-delivery"
+  display_name = "raydrop event bus pipeline (OIDC to the destination)"
+  depends_on   = [google_project_service.services]
+}
+
+resource "google_cloud_run_v2_service_iam_member" "bus_delivery_invoker" {
+  count    = length(google_service_account.bus_delivery) > 0 && var.event_bus_destination_service != null ? 1 : 0
+  project  = var.project_id
+  location = var.event_bus_destination_service.location
+  name     = var.event_bus_destination_service.name
+  role     = "roles/run.invoker"
+  member   = google_service_account.bus_delivery[0].member
+}
+
 resource "google_eventarc_pipeline" "succeeded" {
   count       = var.event_bus && var.event_bus_destination != "" ? 1 : 0
   location    = var.region
@@ -32,6 +61,21 @@ resource "google_eventarc_pipeline" "succeeded" {
   destinations {
     http_endpoint {
       uri = var.event_bus_destination
+    }
+    dynamic "authentication_config" {
+      for_each = google_service_account.bus_delivery
+      content {
+        google_oidc {
+          service_account = authentication_config.value.email
+          audience        = var.event_bus_destination
+        }
+      }
+    }
+    dynamic "network_config" {
+      for_each = var.event_bus_network_attachment != "" ? [var.event_bus_network_attachment] : []
+      content {
+        network_attachment = network_config.value
+      }
     }
   }
 }

@@ -88,7 +88,7 @@ locals {
     RAYDROP_PROJECT           = var.project_id
     RAYDROP_INTAKE_BUCKET     = google_storage_bucket.intake.name
     RAYDROP_STATE_BUCKET      = google_storage_bucket.state.name
-    RAYDROP_OUTPUT_BUCKETS    = google_storage_bucket.artifacts.name
+    RAYDROP_OUTPUT_BUCKETS    = join(",", concat([google_storage_bucket.artifacts.name], var.extra_checkpoint_buckets))
     RAYDROP_DATA_BUCKETS      = join(",", var.data_buckets)
     RAYDROP_NAMESPACES        = var.namespace
     RAYDROP_GKE_CLUSTER       = local.gke_cluster
@@ -191,6 +191,21 @@ resource "google_storage_bucket_iam_member" "artifacts_report_creator" {
   member   = google_service_account.function[each.key].member
 }
 
+# The same two grants on every extra checkpoint bucket (var.extra_checkpoint_buckets).
+resource "google_storage_bucket_iam_member" "extra_artifacts_viewer" {
+  for_each = merge([for k, f in local.functions : { for b in var.extra_checkpoint_buckets : "${k}/${b}" => { function = k, bucket = b } } if f.reads_artifacts]...)
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectViewer"
+  member   = google_service_account.function[each.value.function].member
+}
+
+resource "google_storage_bucket_iam_member" "extra_artifacts_report_creator" {
+  for_each = merge([for k, f in local.functions : { for b in var.extra_checkpoint_buckets : "${k}/${b}" => { function = k, bucket = b } } if f.writes_reports]...)
+  bucket   = each.value.bucket
+  role     = "roles/storage.objectCreator"
+  member   = google_service_account.function[each.value.function].member
+}
+
 resource "google_pubsub_topic_iam_member" "publisher" {
   for_each = local.publisher_bindings
   topic    = google_pubsub_topic.topics[each.value.topic].id
@@ -204,6 +219,18 @@ resource "google_pubsub_topic_iam_member" "publisher" {
 # GKE, so no project-wide Kubernetes role (roles/container.developer would
 # allow every namespace and every Secret) is granted.
 # https://cloud.google.com/kubernetes-engine/docs/how-to/iam#interaction_with_rbac
+#
+# The DNS-based endpoint lets a request through only when its caller holds
+# container.clusters.connect on the cluster
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation).
+# roles/container.clusterViewer holds container.clusters.connect,
+# container.clusters.get and .list (and resourcemanager.projects.get, .list)
+# and nothing inside the cluster: the narrowest predefined role with both
+# (https://cloud.google.com/iam/docs/roles-permissions/container; the
+# permission list as `gcloud iam roles describe roles/container.clusterViewer`
+# returns it, mirrored in github.com/iann0036/iam-dataset,
+# gcp/roles/container.clusterViewer.json, whose older snapshots lack
+# connect: it was added to the role later).
 resource "google_project_iam_member" "cluster_viewer" {
   for_each = local.functions
   project  = var.project_id

@@ -83,6 +83,21 @@ resource "google_storage_bucket_iam_member" "ray_artifacts_bucket_metadata" {
   member = google_service_account.ray.member
 }
 
+# Every extra checkpoint bucket, as the one above.
+resource "google_storage_bucket_iam_member" "ray_extra_artifacts" {
+  for_each = toset(var.extra_checkpoint_buckets)
+  bucket   = each.value
+  role     = "roles/storage.objectAdmin"
+  member   = google_service_account.ray.member
+}
+
+resource "google_storage_bucket_iam_member" "ray_extra_artifacts_bucket_metadata" {
+  for_each = toset(var.extra_checkpoint_buckets)
+  bucket   = each.value
+  role     = "roles/storage.legacyBucketReader"
+  member   = google_service_account.ray.member
+}
+
 # The buckets runs read their data from (a spec's dataset.source): read-only,
 # and to the Ray pods alone; the functions only check a spec names one of
 # them (RAYDROP_DATA_BUCKETS). objectViewer lists and reads objects.

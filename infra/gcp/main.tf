@@ -122,6 +122,17 @@ resource "google_storage_notification" "marks" {
   depends_on = [terraform_data.iam_propagation]
 }
 
+# The same notification on every extra checkpoint bucket.
+resource "google_storage_notification" "marks_extra" {
+  for_each           = toset(var.extra_checkpoint_buckets)
+  bucket             = each.value
+  payload_format     = "JSON_API_V1"
+  topic              = google_pubsub_topic.topics["marks"].id
+  event_types        = ["OBJECT_FINALIZE"]
+  object_name_prefix = "raydrop-marks/"
+  depends_on         = [terraform_data.iam_propagation]
+}
+
 # ----------------------------------------------------------------- topics
 
 resource "google_pubsub_topic" "topics" {

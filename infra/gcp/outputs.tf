@@ -47,3 +47,8 @@ output "cli_env" {
   description = "Environment for the raydrop CLI (eval \"$(tofu output -raw cli_env)\")."
   value       = "export RAYDROP_PROJECT=${var.project_id}\nexport RAYDROP_INTAKE_BUCKET=${google_storage_bucket.intake.name}\nexport RAYDROP_STATE_BUCKET=${google_storage_bucket.state.name}\n"
 }
+
+output "event_bus_delivery_account" {
+  description = "The service account whose OIDC token the event bus pipeline sends to event_bus_destination (grant it roles/run.invoker on that service); null without one."
+  value       = try(google_service_account.bus_delivery[0].email, null)
+}

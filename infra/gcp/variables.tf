@@ -89,6 +89,12 @@ variable "artifact_bucket" {
   default     = ""
 }
 
+variable "extra_checkpoint_buckets" {
+  description = "Existing Cloud Storage buckets runs may write checkpoints to besides artifact_bucket (a job spec's output.bucket). Each gets the same grants and mark-notice notification as artifact_bucket. In this project: their notifications publish as this project's Cloud Storage agent."
+  type        = list(string)
+  default     = []
+}
+
 variable "source_bucket" {
   description = "Bucket holding the functions' source archive. Empty: <project_id>-raydrop-source."
   type        = string
@@ -156,6 +162,27 @@ variable "event_bus" {
 
 variable "event_bus_destination" {
   description = "With event_bus: an HTTPS endpoint that an example enrollment sends every succeeded event to. Empty: no enrollment."
+  type        = string
+  default     = ""
+}
+
+variable "event_bus_destination_auth" {
+  description = "With event_bus_destination: sign the pipeline's requests with a Google OIDC token of its own service account (raydrop-bus-delivery), as an authenticated Cloud Run service needs. false: send no credentials (a public endpoint)."
+  type        = bool
+  default     = true
+}
+
+variable "event_bus_destination_service" {
+  description = "With event_bus_destination_auth: the Cloud Run service behind event_bus_destination, on which the pipeline's account gets roles/run.invoker. null: grant it yourself (output event_bus_delivery_account)."
+  type = object({
+    name     = string
+    location = string
+  })
+  default = null
+}
+
+variable "event_bus_network_attachment" {
+  description = "With event_bus_destination: a network attachment (projects/P/regions/R/networkAttachments/N) through which the pipeline reaches a destination only a VPC network can reach. Empty: the destination is reached over its public address."
   type        = string
   default     = ""
 }
