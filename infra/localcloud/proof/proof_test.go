@@ -156,6 +156,7 @@ func TestProof(t *testing.T) {
 		t.Run("badinput", testBadInput)
 		t.Run("permissions", testPermissions)
 		t.Run("outside-grant", testOutsideGrant)
+		t.Run("capacity", testCapacity)
 	})
 	t.Run("shell", testNothingReachesAShell)
 	t.Run("secrets", testSecrets)
