@@ -126,7 +126,8 @@ func parse(r *http.Request) (op, error) {
 	case len(segs) == 1:
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:
-			o.kind, o.media = read, media || q.Get("alt") == "media"
+			// fake-gcs-server answers a HEAD as a download: headers only.
+			o.kind, o.media = read, media || q.Get("alt") == "media" || r.Method == http.MethodHead
 		case http.MethodPatch, http.MethodPut, http.MethodPost:
 			o.kind = update
 		case http.MethodDelete:

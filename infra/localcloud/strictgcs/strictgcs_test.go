@@ -374,3 +374,26 @@ func TestReadPreconditions(t *testing.T) {
 		t.Fatalf("download at the current generation: %q", got)
 	}
 }
+
+// TestHead: a HEAD of an object passes back the service's headers, with the
+// object's length and true metageneration.
+func TestHead(t *testing.T) {
+	w := start(t)
+	obj := w.client(t, "a").Bucket(bucket).Object("doc")
+	w.put(t, obj, "four")
+	if _, err := obj.Update(w.ctx, storage.ObjectAttrsToUpdate{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(w.ctx, http.MethodHead, "http://"+w.doors["a"]+"/storage/v1/b/"+bucket+"/o/doc", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.ContentLength != 4 || resp.Header.Get("X-Goog-Metageneration") != "2" {
+		t.Fatalf("HEAD: %d, length %d, metageneration %q; want 200, 4, 2", resp.StatusCode, resp.ContentLength, resp.Header.Get("X-Goog-Metageneration"))
+	}
+}
