@@ -6,6 +6,8 @@
 //   - eventarc: Pub/Sub messages (pulled, or pushed) turned into the CloudEvents Eventarc sends
 //   - faults: the recording, fault-injecting proxy between the functions and
 //     the services
+//   - strictgcs: the gate that holds fake-gcs-server to Cloud Storage's
+//     preconditions and metagenerations, for every client
 //   - stack: all of it together with the four functions as processes
 //   - probe: watching a stack from outside (uploads, records, events, RayJobs)
 //   - proof: the reliability and security suite (make proof)

@@ -18,7 +18,10 @@
 //     before (LimitWrites): Cloud Storage's limit on writes to one object;
 //   - calls a hook after the service answered a request and before the
 //     client gets the answer, where a test kills the client's process: the
-//     write took effect, and the process dies mid-handler (SetHook).
+//     write took effect, and the process dies mid-handler (SetHook);
+//   - passes every request it would forward through a gate, which may
+//     answer it itself or edit the service's answer: what the real service
+//     checks and its stand-in does not (SetGate).
 //
 // It stands for faults of the network and of the services as seen by the
 // functions; the services themselves, and everything else that talks to them
@@ -69,7 +72,16 @@ type Proxy struct {
 	// transports are the clients' own (DoorWith); others use the default.
 	transports map[string]http.RoundTripper
 	limit      *writeLimit
+	gate       Gate
 }
+
+// A Gate stands between the doors and the service: it gets every request
+// the proxy would forward, and either answers it itself, as the real
+// service would (a request the service's stand-in would let through), or
+// calls forward, which sends it to the service and writes the answer to
+// the writer it is given. A request the gate answers is recorded as
+// injected.
+type Gate func(w http.ResponseWriter, r *http.Request, forward http.Handler)
 
 // writeLimit is LimitWrites' rule and what it has seen.
 type writeLimit struct {
@@ -209,6 +221,14 @@ func (p *Proxy) SetHook(f func(Request)) {
 	p.hook = f
 }
 
+// SetGate sets the gate every forwarded request passes through; nil
+// removes it.
+func (p *Proxy) SetGate(g Gate) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gate = g
+}
+
 // Down closes every door and cuts every open connection.
 func (p *Proxy) Down() {
 	p.mu.Lock()
@@ -285,6 +305,7 @@ func (p *Proxy) handler(client string) http.Handler {
 				status = http.StatusTooManyRequests
 			}
 		}
+		gate := p.gate
 		p.mu.Unlock()
 		if status != 0 {
 			req.Status, req.Injected = status, true
@@ -300,7 +321,22 @@ func (p *Proxy) handler(client string) http.Handler {
 			writeConflict(w, r)
 			return
 		}
-		p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestKey{}, &req)))
+		r = r.WithContext(context.WithValue(r.Context(), requestKey{}, &req))
+		if gate == nil {
+			p.rp.ServeHTTP(w, r)
+		} else {
+			forwarded := false
+			sw := &statusWriter{ResponseWriter: w}
+			gate(sw, r, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				forwarded = true
+				p.rp.ServeHTTP(w, r)
+			}))
+			if !forwarded {
+				req.Status, req.Injected = sw.status, true
+				p.record(req)
+				return
+			}
+		}
 		if req.Status == 0 {
 			p.record(req) // the service gave no answer
 		}
@@ -401,3 +437,27 @@ func writeConflict(w http.ResponseWriter, r *http.Request) {
 		`"message":"Operation cannot be fulfilled on %s: the object has been modified; please apply your changes to the latest version and try again",`+
 		`"reason":"Conflict","details":{"name":%q},"code":409}`, r.URL.Path, resource)
 }
+
+// statusWriter notes the status a gate answered with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer (to
+// flush a streamed answer).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -89,3 +89,30 @@ func TestDownAndUp(t *testing.T) {
 		t.Fatalf("after up: %d %v", code, err)
 	}
 }
+
+// TestGate: a gate answers what it refuses (recorded as injected, the
+// service untouched) and forwards the rest, whose answer it may edit.
+func TestGate(t *testing.T) {
+	p, door, hits := newProxy(t)
+	p.SetGate(func(w http.ResponseWriter, r *http.Request, forward http.Handler) {
+		if r.Method == http.MethodDelete {
+			w.WriteHeader(http.StatusPreconditionFailed)
+			return
+		}
+		w.Header().Set("X-Gate", "seen")
+		forward.ServeHTTP(w, r)
+	})
+	if status, _, err := do(t, http.MethodDelete, door+"/x"); err != nil || status != http.StatusPreconditionFailed {
+		t.Fatalf("refused delete: %d %v", status, err)
+	}
+	if status, body, err := do(t, http.MethodGet, door+"/x"); err != nil || status != http.StatusOK || body != "GET /x" {
+		t.Fatalf("forwarded get: %d %q %v", status, body, err)
+	}
+	if *hits != 1 {
+		t.Fatalf("service hit %d times, want 1", *hits)
+	}
+	reqs := p.Requests()
+	if len(reqs) != 2 || !reqs[0].Injected || reqs[0].Status != http.StatusPreconditionFailed || reqs[1].Injected || reqs[1].Status != http.StatusOK {
+		t.Fatalf("recorded %+v", reqs)
+	}
+}

@@ -9,6 +9,10 @@
 // recording, fault-injecting proxies of package faults (KubeProxy,
 // GCSProxy), one door per function, so tests count what each function asks
 // of the services and inject conflicts, outages and crashes mid-handler.
+// Every client of Cloud Storage, the functions' doors and the harness's own
+// client (GCS) alike, reaches fake-gcs-server through one strictgcs.Gate,
+// which keeps metagenerations and enforces the preconditions
+// fake-gcs-server ignores.
 package stack
 
 import (
@@ -33,6 +37,7 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/storage"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"google.golang.org/api/option"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -41,6 +46,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+	"github.com/raydrop/raydrop/infra/localcloud/strictgcs"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -109,8 +115,15 @@ type Stack struct {
 	Adapter    *eventarc.Adapter
 	// Bus is the deployment's Eventarc Advanced message bus (BusName),
 	// which the functions publish every public event to as well.
-	Bus        *eventarc.Bus
-	GCS        *storage.Client
+	Bus *eventarc.Bus
+	// GCS is the harness's own client of Cloud Storage: through the
+	// strict gate (StrictGCS), without the functions' doors and faults.
+	GCS *storage.Client
+	// StrictGCS keeps metagenerations and enforces the preconditions
+	// fake-gcs-server does not, for every client (package strictgcs).
+	StrictGCS  *strictgcs.Gate
+	gcsHost    string // StrictGCS's own listener, host:port
+	closeGCS   func()
 	PS         *pubsub.Client
 	Kubeconfig string
 	// KubeProxy and GCSProxy stand between the functions and the API
@@ -134,7 +147,7 @@ type Stack struct {
 
 // Env is the environment that points tools and clients at the stack.
 func (s *Stack) Env() []string {
-	env := append(s.PubSub.Env(), s.Storage.Env()...)
+	env := append(s.PubSub.Env(), "STORAGE_EMULATOR_HOST="+s.gcsHost)
 	return append(env, "KUBECONFIG="+s.Kubeconfig, "RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+s.Kubeconfig)
 }
 
@@ -202,7 +215,13 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if s.Storage, err = emulators.StartStorage(ctx, fake, s.PubSub, NotifyTopic, o.StateDir); err != nil {
 		return nil, err
 	}
-	if s.GCS, err = s.Storage.NewClient(ctx); err != nil {
+	if s.StrictGCS, err = strictgcs.New(s.Storage.URL()); err != nil {
+		return nil, err
+	}
+	if s.gcsHost, s.closeGCS, err = s.StrictGCS.Serve(); err != nil {
+		return nil, err
+	}
+	if s.GCS, err = storage.NewClient(ctx, option.WithEndpoint("http://"+s.gcsHost+"/storage/v1/"), option.WithoutAuthentication()); err != nil {
 		return nil, err
 	}
 	for _, b := range append([]string{IntakeBucket, StateBucket, DataBucket}, o.OutputBuckets...) {
@@ -231,6 +250,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		return nil, err
 	}
 	s.limitObjectWrites()
+	s.GCSProxy.SetGate(s.StrictGCS.Handle)
 	hook := func(r faults.Request) { s.crashHook(r) }
 	s.KubeProxy.SetHook(hook)
 	s.GCSProxy.SetHook(hook)
@@ -830,6 +850,9 @@ func (s *Stack) Stop() {
 		}
 		for _, d := range s.pubsubDoors {
 			d.close()
+		}
+		if s.closeGCS != nil {
+			s.closeGCS()
 		}
 		var errs []error
 		if s.Sim != nil {
