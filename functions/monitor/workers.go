@@ -2,7 +2,6 @@ package monitor
 
 import (
 	"context"
-	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -25,10 +24,6 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 	}
 	s := rec.Spec
 	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs, ServedOn: -1}
-	placements := make([]map[string]string, len(s.Tiers()))
-	for i := range placements {
-		placements[i], _ = manifests.WorkerPlacement(s, i)
-	}
 	for _, p := range pods {
 		if why, at := disruption(&p); why != "" {
 			// A pod an earlier attempt lost may linger until KubeRay
@@ -42,8 +37,10 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		case p.DeletionTimestamp != nil:
 		case p.Status.Phase == corev1.PodRunning:
 			w.Running++
-			for i, sel := range placements {
-				if maps.Equal(sel, p.Spec.NodeSelector) {
+			// By the keys that tell tiers apart: GKE adds keys of its
+			// own to a pod's node selector at admission.
+			for i := range s.Tiers() {
+				if manifests.OnTier(s, i, p.Spec.NodeSelector) {
 					w.ServedOn = max(w.ServedOn, i)
 				}
 			}
