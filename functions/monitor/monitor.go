@@ -108,6 +108,13 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if o.Workers, err = h.workers(ctx, rec, listed); err != nil {
 			return err
 		}
+		refused, err := h.notCreated(ctx, rec, o.Workers)
+		if err != nil {
+			return err
+		}
+		if refused != "" {
+			o.Workers.Pending = refused
+		}
 	}
 	if rec.Phase == runs.Checking && rec.Spec != nil {
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {

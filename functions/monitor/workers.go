@@ -2,7 +2,6 @@ package monitor
 
 import (
 	"context"
-	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -31,10 +30,6 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 	}
 	s := rec.Spec
 	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs, ServedOn: -1}
-	placements := make([]map[string]string, len(s.Tiers()))
-	for i := range placements {
-		placements[i], _ = manifests.WorkerPlacement(s, i)
-	}
 	w.Disrupted = lostDuring(rec.CurrentAttempt(), events)
 	for _, p := range pods {
 		if why, at := disruption(&p); why != "" {
@@ -49,8 +44,10 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		case p.DeletionTimestamp != nil:
 		case p.Status.Phase == corev1.PodRunning:
 			w.Running++
-			for i, sel := range placements {
-				if maps.Equal(sel, p.Spec.NodeSelector) {
+			// By the keys that tell tiers apart: GKE adds keys of its
+			// own to a pod's node selector at admission.
+			for i := range s.Tiers() {
+				if manifests.OnTier(s, i, p.Spec.NodeSelector) {
 					w.ServedOn = max(w.ServedOn, i)
 				}
 			}

@@ -143,13 +143,20 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 		Env:          podEnv(s),
 		VolumeMounts: mounts(),
 	}
+	scratch := s.WorkerScratch()
 	worker := corev1.Container{
 		Name:  workerContaine,
 		Image: c.Workers.Image,
+		// The scratch size is the container's ephemeral storage request and
+		// limit: Autopilot gives a container that requests none 1 GiB
+		// (https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-resource-requests,
+		// "Default resource requests"), far less than the model's weights,
+		// and evicts a pod that writes more than it asked for.
 		Resources: sameLimits(corev1.ResourceList{
-			"nvidia.com/gpu":      q(strconv.Itoa(c.Workers.GPUs)),
-			corev1.ResourceCPU:    q(c.Workers.CPU),
-			corev1.ResourceMemory: q(c.Workers.Memory),
+			"nvidia.com/gpu":                q(strconv.Itoa(c.Workers.GPUs)),
+			corev1.ResourceCPU:              q(c.Workers.CPU),
+			corev1.ResourceEphemeralStorage: scratch,
+			corev1.ResourceMemory:           q(c.Workers.Memory),
 		}),
 		Env:          podEnv(s),
 		VolumeMounts: mounts(),
@@ -171,7 +178,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 					ServiceAccountName: c.ServiceAccount,
 					Containers:         []corev1.Container{head},
-					Volumes:            volumes(cm),
+					Volumes:            volumes(cm, nil),
 				}},
 			},
 			WorkerGroupSpecs: []rayv1.WorkerGroupSpec{{
@@ -183,7 +190,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 					ServiceAccountName: c.ServiceAccount,
 					Containers:         []corev1.Container{worker},
-					Volumes:            volumes(cm),
+					Volumes:            volumes(cm, &scratch),
 					NodeSelector:       nodeSelector,
 					Tolerations:        tolerations,
 				}},
@@ -207,11 +214,16 @@ var PreStop = []string{"/bin/sh", "-c", "mkdir -p /tmp/raydrop && touch " + Noti
 
 // WorkerPlacement is where the GPU workers of capacity tier tier may run:
 // the node labels GKE gives nodes of that kind, and the tolerations they
-// need. A tier past the last is the last.
+// need. A tier past the last is the last. Every tier asks for ephemeral
+// storage on local SSD where the GPU type offers it (spec.NodeClasses),
+// so the scratch volume is on the node's local SSD rather than its boot
+// disk (https://cloud.google.com/kubernetes-engine/docs/how-to/autopilot-local-ssd).
 //
 //   - reservation: cloud.google.com/reservation-name and
-//     reservation-affinity=specific
-//     (https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations);
+//     reservation-affinity=specific, and cloud.google.com/reservation-project
+//     for a reservation shared from another project
+//     (https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations,
+//     "Consuming reserved zonal resources");
 //   - flexStart: cloud.google.com/gke-flex-start=true
 //     (https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training);
 //   - spot: cloud.google.com/gke-spot=true, tolerating the
@@ -224,10 +236,16 @@ func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Tol
 		names.NodeAccelerator:                     w.Accelerator,
 		"cloud.google.com/gke-gpu-driver-version": w.GPUDriverVersion,
 	}
+	if spec.NodeClassOf(w.Accelerator).LocalSSD {
+		sel[spec.NodeEphemeralLocalSSD] = "true"
+	}
 	switch t := s.Tier(tier); t.Type {
 	case spec.TierReservation:
 		sel[names.NodeReservation] = t.Reservation
 		sel[names.NodeReservationAffinity] = "specific"
+		if t.Project != "" {
+			sel[names.NodeReservationProject] = t.Project
+		}
 	case spec.TierFlexStart:
 		sel[names.NodeFlexStart] = "true"
 	case spec.TierSpot:
@@ -235,6 +253,42 @@ func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Tol
 		return sel, []corev1.Toleration{{Key: names.NodeSpot, Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
 	}
 	return sel, nil
+}
+
+// tierKeys are the node selector keys by which WorkerPlacement tells the
+// capacity tiers apart. The other keys are the same on every tier, and
+// GKE adds keys of its own to a pod's node selector at admission
+// (Autopilot's cloud.google.com/compute-class, kubernetes.io/arch, …), so
+// only these say which tier a pod asks for.
+var tierKeys = []string{names.NodeReservation, names.NodeReservationAffinity, names.NodeReservationProject, names.NodeFlexStart, names.NodeSpot}
+
+// TierType is the capacity tier type a pod's node selector asks for, read
+// from the keys WorkerPlacement sets for it alone.
+func TierType(sel map[string]string) string {
+	switch {
+	case sel[names.NodeReservation] != "":
+		return spec.TierReservation
+	case sel[names.NodeFlexStart] == "true":
+		return spec.TierFlexStart
+	case sel[names.NodeSpot] == "true":
+		return spec.TierSpot
+	}
+	return spec.TierOnDemand
+}
+
+// OnTier reports whether a pod's node selector asks for the nodes of
+// capacity tier tier: it agrees with the tier's placement on every key
+// that tells tiers apart, present or absent; other keys do not count.
+func OnTier(s *spec.JobSpec, tier int, sel map[string]string) bool {
+	want, _ := WorkerPlacement(s, tier)
+	for _, k := range tierKeys {
+		w, wok := want[k]
+		g, gok := sel[k]
+		if w != g || wok != gok {
+			return false
+		}
+	}
+	return true
 }
 
 // RayJob is one attempt of the run: the trainer submitted to the spec's
@@ -457,12 +511,14 @@ func mounts() []corev1.VolumeMount {
 	}
 }
 
-func volumes(configMap string) []corev1.Volume {
+// volumes are a Ray pod's volumes: the trainer code, and the scratch
+// emptyDir, capped at size when given.
+func volumes(configMap string, size *resource.Quantity) []corev1.Volume {
 	return []corev1.Volume{
 		{Name: codeVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: configMap},
 		}}},
-		{Name: scratchVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: scratchVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: size}}},
 	}
 }
 

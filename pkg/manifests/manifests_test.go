@@ -135,6 +135,21 @@ func TestMatchesTutorial(t *testing.T) {
 		}
 		// The worker's preStop hook gives the trainer a preemption notice.
 		deletePath(got, "spec.workerGroupSpecs.0.template.spec.containers.0.lifecycle")
+		// The workers' scratch is sized for the model: the container asks
+		// for it (Autopilot's default is 1 GiB), the volume is capped at it,
+		// and it is on local SSD on B200 nodes.
+		for _, r := range []string{"requests", "limits"} {
+			p := "spec.workerGroupSpecs.0.template.spec.containers.0.resources." + r + ".ephemeral-storage"
+			if got := get(t, got, p); got != spec.DefaultScratch(s.Model.ID) {
+				t.Errorf("%s %v, want %s", p, got, spec.DefaultScratch(s.Model.ID))
+			}
+			deletePath(got, p)
+		}
+		if got := get(t, got, "spec.workerGroupSpecs.0.template.spec.volumes.1.emptyDir.sizeLimit"); got != spec.DefaultScratch(s.Model.ID) {
+			t.Errorf("worker scratch volume sizeLimit %v", got)
+		}
+		deletePath(got, "spec.workerGroupSpecs.0.template.spec.volumes.1.emptyDir.sizeLimit")
+		delete(get(t, got, "spec.workerGroupSpecs.0.template.spec.nodeSelector").(map[string]any), spec.NodeEphemeralLocalSSD)
 		// KubeRay's typed WorkerGroupSpec always carries scaleStrategy.
 		deletePath(got, "spec.workerGroupSpecs.0.scaleStrategy")
 		// The tutorial's empty "metadata:" is null; the typed object's is {}.
@@ -509,7 +524,7 @@ func TestNoticeFileIsTheTrainers(t *testing.T) {
 // capacity tier, and that a tier past the last stays on the last.
 func TestWorkerPlacement(t *testing.T) {
 	s := tieredSpec(t)
-	base := map[string]string{names.NodeAccelerator: "nvidia-b200", "cloud.google.com/gke-gpu-driver-version": "latest"}
+	base := map[string]string{names.NodeAccelerator: "nvidia-b200", "cloud.google.com/gke-gpu-driver-version": "latest", spec.NodeEphemeralLocalSSD: "true"}
 	with := func(kv ...string) map[string]string {
 		m := maps.Clone(base)
 		for i := 0; i < len(kv); i += 2 {
@@ -524,7 +539,7 @@ func TestWorkerPlacement(t *testing.T) {
 		tol  []corev1.Toleration
 	}{
 		{0, with(names.NodeReservation, "b200-reservation", names.NodeReservationAffinity, "specific"), nil},
-		{1, with(names.NodeReservation, "b200-second", names.NodeReservationAffinity, "specific"), nil},
+		{1, with(names.NodeReservation, "b200-second", names.NodeReservationAffinity, "specific", names.NodeReservationProject, "central-gpu-pool"), nil},
 		{2, with(names.NodeFlexStart, "true"), nil},
 		{3, with(names.NodeSpot, "true"), spot},
 		{9, with(names.NodeSpot, "true"), spot},
@@ -537,6 +552,89 @@ func TestWorkerPlacement(t *testing.T) {
 		rc := manifests.RayCluster(s, fixedCode, tt.tier)
 		if got := rc.Spec.WorkerGroupSpecs[0].Template.Spec.NodeSelector; !reflect.DeepEqual(got, tt.sel) {
 			t.Errorf("tier %d: RayCluster worker selector %v", tt.tier, got)
+		}
+	}
+}
+
+// TestWorkerScratch: the worker container requests and is limited to the
+// scratch size, the scratch volume is capped at it, and it is sized from
+// the model unless the spec says.
+func TestWorkerScratch(t *testing.T) {
+	tests := []struct{ model, scratch, want string }{
+		{"google/gemma-3-1b-it", "", "72Gi"},
+		{"google/gemma-3-4b-it", "", "97Gi"},
+		{"google/gemma-3-12b-it", "", "155Gi"},
+		{"google/gemma-3-27b-it", "", "269Gi"},
+		{"example/no-size-in-name", "", "303Gi"},
+		{"google/gemma-3-4b-it", "500Gi", "500Gi"},
+	}
+	for _, tt := range tests {
+		s := exampleSpec(t)
+		s.Model.ID, s.Cluster.Workers.Scratch = tt.model, tt.scratch
+		pod := manifests.RayCluster(s, fixedCode, 0).Spec.WorkerGroupSpecs[0].Template.Spec
+		res := pod.Containers[0].Resources
+		req, lim := res.Requests[corev1.ResourceEphemeralStorage], res.Limits[corev1.ResourceEphemeralStorage]
+		var size string
+		for _, v := range pod.Volumes {
+			if v.EmptyDir != nil && v.EmptyDir.SizeLimit != nil {
+				size = v.EmptyDir.SizeLimit.String()
+			}
+		}
+		if req.String() != tt.want || lim.String() != tt.want || size != tt.want {
+			t.Errorf("%s scratch %q: request %s limit %s volume %q, want %s", tt.model, tt.scratch, req.String(), lim.String(), size, tt.want)
+		}
+	}
+}
+
+// TestOnTier: a pod is on the tier whose distinguishing node selector keys
+// it carries, whatever keys GKE added beside them, and on no other.
+func TestOnTier(t *testing.T) {
+	s := tieredSpec(t) // reservation, shared reservation of another project, flexStart, spot
+	onDemand := tieredSpec(t)
+	onDemand.Cluster.Workers.Accelerator = "nvidia-h100-80gb"
+	onDemand.Cluster.Capacity = append(onDemand.Cluster.Capacity[2:], spec.Tier{Type: spec.TierOnDemand})
+	added := map[string]string{"cloud.google.com/compute-class": "Accelerator", "kubernetes.io/arch": "amd64", spec.NodeEphemeralLocalSSD: "true", "cloud.google.com/gke-gpu-driver-version": "default"}
+	with := func(s *spec.JobSpec, tier int, extra map[string]string, drop ...string) map[string]string {
+		sel, _ := manifests.WorkerPlacement(s, tier)
+		maps.Copy(sel, extra)
+		for _, k := range drop {
+			delete(sel, k)
+		}
+		return sel
+	}
+	tests := []struct {
+		name string
+		s    *spec.JobSpec
+		sel  map[string]string
+		want int // the one tier the pod is on, -1 for none
+	}{
+		{"reservation as rendered", s, with(s, 0, nil), 0},
+		{"reservation with keys GKE added", s, with(s, 0, added), 0},
+		{"shared reservation with keys GKE added", s, with(s, 1, added), 1},
+		{"shared reservation without its project", s, with(s, 1, added, names.NodeReservationProject), -1},
+		{"flexStart with keys GKE added", s, with(s, 2, added), 2},
+		{"spot with keys GKE added", s, with(s, 3, added), 3},
+		{"another reservation", s, with(s, 0, map[string]string{names.NodeReservation: "elsewhere"}), -1},
+		{"spot and flexStart at once", s, with(s, 3, map[string]string{names.NodeFlexStart: "true"}), -1},
+		{"onDemand with keys GKE added", onDemand, with(onDemand, 2, added), 2},
+		{"flexStart is not onDemand", onDemand, with(onDemand, 0, added), 0},
+		{"spot is not onDemand", onDemand, with(onDemand, 1, added), 1},
+	}
+	for _, tt := range tests {
+		got := -1
+		for i := range tt.s.Tiers() {
+			if manifests.OnTier(tt.s, i, tt.sel) {
+				if got >= 0 {
+					t.Errorf("%s: on tiers %d and %d", tt.name, got, i)
+				}
+				got = i
+			}
+		}
+		if got != tt.want {
+			t.Errorf("%s: on tier %d, want %d (selector %v)", tt.name, got, tt.want, tt.sel)
+		}
+		if got >= 0 && manifests.TierType(tt.sel) != tt.s.Tier(got).Type {
+			t.Errorf("%s: TierType %s, want %s", tt.name, manifests.TierType(tt.sel), tt.s.Tier(got).Type)
 		}
 	}
 }

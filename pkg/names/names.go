@@ -133,6 +133,7 @@ const (
 	NodeAccelerator         = "cloud.google.com/gke-accelerator"
 	NodeReservation         = "cloud.google.com/reservation-name"
 	NodeReservationAffinity = "cloud.google.com/reservation-affinity"
+	NodeReservationProject  = "cloud.google.com/reservation-project"
 	NodeFlexStart           = "cloud.google.com/gke-flex-start"
 	NodeSpot                = "cloud.google.com/gke-spot"
 )

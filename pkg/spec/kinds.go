@@ -35,6 +35,8 @@ var (
 	bucketRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$`)
 	prefixRE    = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$`)
 	reservRE    = regexp.MustCompile(`^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$`)
+	projectRE   = regexp.MustCompile(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`)
+	storageRE   = regexp.MustCompile(`^[0-9]+(?:\.[0-9]+)?(?:k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$`)
 	hfTokenRE   = regexp.MustCompile(`hf_[A-Za-z0-9]{30,}`)
 	imageCharRE = regexp.MustCompile(`^[A-Za-z0-9._/:@-]+$`)
 	gsFolderRE  = regexp.MustCompile(`^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*/?$`)
@@ -203,6 +205,27 @@ var kinds = map[string]stringKind{
 		check:   regexpCheck(reservRE, "is not a reservation name"),
 		allowed: "a Compute Engine resource name: 1 to 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit",
 		pattern: reservRE.String(),
+	},
+	"project": {
+		// https://cloud.google.com/resource-manager/docs/creating-managing-projects
+		// ("Project ID requirements").
+		check:   regexpCheck(projectRE, "is not a project ID"),
+		allowed: "a Google Cloud project ID: 6 to 30 lower-case letters, digits and '-', starting with a letter, not ending with '-'",
+		pattern: projectRE.String(),
+	},
+	"storage": {
+		check: func(s string) string {
+			q, err := resource.ParseQuantity(s)
+			if err != nil || !storageRE.MatchString(s) {
+				return "is not a Kubernetes quantity of bytes"
+			}
+			if q.Cmp(resource.MustParse("1Gi")) < 0 {
+				return "is less than 1Gi"
+			}
+			return ""
+		},
+		allowed: "a Kubernetes quantity of bytes of at least 1Gi, such as 200Gi or 1Ti",
+		pattern: storageRE.String(),
 	},
 	"bucket": {
 		check:   checkBucket,

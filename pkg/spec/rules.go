@@ -334,6 +334,7 @@ func (s *JobSpec) crossChecks() Problems {
 		ps = append(ps, Problem{Path: "limits.startDeadline", Message: fmt.Sprintf("%s is longer than deadline %s (allowed: at most the deadline)", time.Duration(s.Limits.StartDeadline), time.Duration(s.Limits.Deadline))})
 	}
 	ps = append(ps, s.datasetChecks()...)
+	ps = append(ps, s.storageChecks()...)
 	return append(ps, s.capacityChecks()...)
 }
 
@@ -389,6 +390,12 @@ func (s *JobSpec) capacityChecks() Problems {
 			// (https://cloud.google.com/kubernetes-engine/docs/concepts/consumption-options).
 			ps = append(ps, Problem{Path: p + ".reservation", Message: fmt.Sprintf("%s names a reservation but the tier is %s (allowed: empty; a reservation is a tier of type reservation)", quote(t.Reservation), t.Type)})
 		}
+		if t.Type != TierReservation && t.Project != "" {
+			// The reservation-project node selector goes with a specific
+			// reservation only
+			// (https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations).
+			ps = append(ps, Problem{Path: p + ".project", Message: fmt.Sprintf("%s names a reservation's project but the tier is %s (allowed: empty; a project belongs to a reservation tier)", quote(t.Project), t.Type)})
+		}
 		if t.Type == TierOnDemand && noOnDemand[s.Cluster.Workers.Accelerator] {
 			// "When provisioning A4 machine types, you must reserve capacity
 			// to create instances or clusters, use Spot VMs, use Flex-start
@@ -405,6 +412,9 @@ func (s *JobSpec) capacityChecks() Problems {
 		key := t.Type
 		if t.Type == TierReservation {
 			key += " " + cmp.Or(t.Reservation, s.Cluster.Reservation)
+			if t.Project != "" {
+				key += " of project " + t.Project
+			}
 		}
 		if j, dup := seen[key]; dup {
 			ps = append(ps, Problem{Path: p, Message: fmt.Sprintf("repeats cluster.capacity[%d] (%s) (allowed: each tier once)", j, key)})

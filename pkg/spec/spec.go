@@ -167,6 +167,7 @@ const (
 type Tier struct {
 	Type        string   `json:"type" spec:"enum=reservation|flexStart|spot|onDemand" doc:"How the nodes are obtained: a specific reservation, flex-start (Dynamic Workload Scheduler: nodes when capacity frees up, held for at most the run's deadline), Spot VMs (cheap, reclaimable with 30 s notice) or on-demand VMs."`
 	Reservation string   `json:"reservation" spec:"optional,kind=reservation" doc:"For a reservation tier, the Compute Engine reservation (empty: cluster.reservation); empty for every other type."`
+	Project     string   `json:"project,omitempty" spec:"optional,kind=project" doc:"For a reservation tier, the Google Cloud project that owns the reservation when it is shared from another project (empty: the cluster's own project); empty for every other type."`
 	Wait        Duration `json:"wait" spec:"min=0s,max=24h" doc:"How long the workers may wait for nodes on this tier before the pipeline moves them to the next; at least 1m on every tier but the last, 0 on the last (it waits until limits.startDeadline)."`
 	GPUHourUSD  float64  `json:"gpuHourUsd" spec:"min=0,max=10000" doc:"Price of one GPU-hour on this tier, for the cost estimate; 0: the pipeline's price (RAYDROP_GPU_HOUR_USD)."`
 }
@@ -197,6 +198,7 @@ type WorkerPool struct {
 	Memory           string `json:"memory" spec:"kind=quantity" doc:"Memory request and limit per worker."`
 	Accelerator      string `json:"accelerator" spec:"kind=label,max=63" doc:"GKE accelerator node label value."`
 	GPUDriverVersion string `json:"gpuDriverVersion" spec:"enum=latest|default|disabled" doc:"GKE GPU driver version node label value."`
+	Scratch          string `json:"scratch,omitempty" spec:"optional,kind=storage" doc:"Ephemeral storage of each worker pod (its request and limit, and the size of the node-local volume holding the Hugging Face cache and the resume copy), on local SSD where the GPU type offers it; empty: sized from the model, four copies of its bf16 weights and 64Gi of headroom (97Gi for Gemma 3 4B, 269Gi for 27B). At most what GKE Autopilot allows a pod on those nodes."`
 }
 
 // Output says where Ray Train writes the run's checkpoints.
@@ -328,9 +330,13 @@ func (s *JobSpec) Tier(i int) Tier {
 	return tiers[min(max(i, 0), len(tiers)-1)]
 }
 
-// Name is how the tier is shown: its type, and a reservation's name.
+// Name is how the tier is shown: its type, and a reservation's name
+// (project/name for one shared from another project).
 func (t Tier) Name() string {
 	if t.Type == TierReservation && t.Reservation != "" {
+		if t.Project != "" {
+			return t.Type + " " + t.Project + "/" + t.Reservation
+		}
 		return t.Type + " " + t.Reservation
 	}
 	return t.Type

@@ -259,6 +259,7 @@ func TestSchemaAgreesWithValidator(t *testing.T) {
 		"replicas-inconsistent.json": true, "too-many-workers.json": true, "hf-token-in-spec.json": true,
 		"duplicate-keys.json": true, "hf-repo-double-dash.json": true, "bad-durations.json": true,
 		"bad-images.json": true, "bad-quantities.json": true, "capacity-tiers.json": true, "capacity-flex-start-gb200.json": true,
+		"scratch-too-big.json": true, "scratch-default-too-big.json": true,
 	}
 	bad, _ := filepath.Glob("testdata/bad/*.json")
 	for _, f := range bad {

@@ -14,8 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/manifests"
 )
 
 // Capacity in the simulator: GKE's nodes appear only where a capacity tier
@@ -38,18 +37,10 @@ const nodesFor = 10 * time.Second
 // yet: it waits, without the autoscaler's event.
 const awaitingJob = "awaiting the cluster's RayJob"
 
-// TierOf is the capacity tier a pod's node selector asks for.
-func TierOf(sel map[string]string) string {
-	switch {
-	case sel[names.NodeReservation] != "":
-		return spec.TierReservation
-	case sel[names.NodeFlexStart] == "true":
-		return spec.TierFlexStart
-	case sel[names.NodeSpot] == "true":
-		return spec.TierSpot
-	}
-	return spec.TierOnDemand
-}
+// TierOf is the capacity tier type a pod's node selector asks for, read as
+// the monitor reads it (manifests.TierType): by the keys that tell tiers
+// apart, whatever others the selector has.
+func TierOf(sel map[string]string) string { return manifests.TierType(sel) }
 
 // refusal is the tier that has no node for a worker pod now, awaitingJob
 // while its cluster has no RayJob, "" when it gets one.

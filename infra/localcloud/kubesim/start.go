@@ -60,7 +60,8 @@ func Scheme() *runtime.Scheme {
 var setGlobalLoggers sync.Once
 
 // Start starts etcd and kube-apiserver on 127.0.0.1, installs the KubeRay
-// CRDs, and runs KubeRay's RayCluster and RayJob reconcilers with the
+// CRDs and the admission policy that plays Autopilot's resource maxima
+// (kubetest.AutopilotPolicy), and runs KubeRay's RayCluster and RayJob reconcilers with the
 // kubelet, Job controller, garbage collector and Ray head stand-ins in one
 // controller-runtime manager. It returns once the controllers run; ctx
 // bounds the start only, Stop ends the simulator. On any error everything
@@ -153,6 +154,12 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 		return nil, fmt.Errorf("kubesim: kubeconfig: %w", err)
 	}
 	o.Log.Info("kube-apiserver up", "server", cfg.Host, "took", time.Since(t0).Round(time.Millisecond))
+	// Autopilot's admission refuses a pod that asks for more than its
+	// node class allows; the API server refuses it the same way here, so
+	// KubeRay meets the refusal as it would on GKE.
+	if err := kubetest.InstallAutopilotPolicy(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("kubesim: %w", err)
+	}
 
 	// The manager, as KubeRay's main.go builds it, minus metrics, probes,
 	// webhooks and leader election.
