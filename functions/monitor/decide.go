@@ -68,8 +68,9 @@ type Decision struct {
 	Why       string // Retry, NextTier; Wait: why the workers wait for capacity
 	// Pending is the pending worker pods a NextTier replaces.
 	Pending []string
-	// ServedOn, for a Progress that starts the attempt running, is the
-	// capacity tier its workers run on (-1: as recorded).
+	// ServedOn, for a Progress that starts the attempt running or a
+	// Succeed of an attempt no check saw running, is the capacity tier its
+	// workers run on (-1: as recorded).
 	ServedOn int
 	// Check, for a Finish that ends a data check, is what it found, recorded
 	// in the same write.
@@ -150,7 +151,7 @@ func decideJob(o Observation) (Decision, error) {
 	if o.Mark != nil {
 		switch o.Mark.Status {
 		case "succeeded":
-			return Decision{Action: Succeed}, nil
+			return succeed(o, a), nil
 		case checkpoints.MarkPreempted:
 			// The trainer saved a checkpoint on the node's notice and left.
 			return withEvidence(retryOrFail(r, "the trainer checkpointed on a preemption notice and stopped", true), evidence), nil
@@ -181,7 +182,7 @@ func decideJob(o Observation) (Decision, error) {
 	validation := st.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed
 	if rayv1.IsJobDeploymentTerminal(st.JobDeploymentStatus) || validation {
 		if st.JobDeploymentStatus == rayv1.JobDeploymentStatusComplete && st.JobStatus == rayv1.JobStatusSucceeded {
-			return Decision{Action: Succeed}, nil
+			return succeed(o, a), nil
 		}
 		why := fmt.Sprintf("RayJob %s ended %s/%s", jobName, st.JobDeploymentStatus, st.JobStatus)
 		if st.Reason != "" || st.Message != "" {
@@ -205,6 +206,19 @@ func decideJob(o Observation) (Decision, error) {
 		return withEvidence(d, evidence), nil
 	}
 	return withEvidence(Decision{Action: Wait}, evidence), nil
+}
+
+// succeed is the Succeed of the attempt. One no check saw running (a short
+// job) is recorded as having run on the tier its workers show: a tier move
+// whose record write was lost (the monitor died between the RayCluster's
+// update and the record's) would otherwise leave the attempt on the tier
+// it left, and price it there.
+func succeed(o Observation, a *runs.Attempt) Decision {
+	d := Decision{Action: Succeed, ServedOn: -1}
+	if a.RunningAt == nil && o.Workers != nil {
+		d.ServedOn = o.Workers.ServedOn
+	}
+	return d
 }
 
 // retryOrFail retries an attempt lost to the infrastructure when the spec

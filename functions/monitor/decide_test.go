@@ -219,6 +219,18 @@ func TestDecideCapacity(t *testing.T) {
 	if d.ServedOn != -1 {
 		t.Errorf("a running attempt's tier changed: %+v", d)
 	}
+	// A job so short that no check saw it running: its success says which
+	// tier served it (the record may still name the tier it moved from,
+	// when the move's record write was lost).
+	succeeded := job(rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
+	d, _ = Decide(Observation{Run: tiered(runs.Submitted, 0), Job: succeeded, Workers: &Workers{Need: 2, Running: 2, ServedOn: 1}, Now: soon})
+	if d.Action != Succeed || d.ServedOn != 1 {
+		t.Errorf("a short job's workers ran on tier 2: %+v, want succeed served on tier index 1", d)
+	}
+	d, _ = Decide(Observation{Run: tiered(runs.Submitted, 0), Mark: &checkpoints.Mark{Status: "succeeded"}, Workers: &Workers{Need: 2, Running: 2, ServedOn: 1}, Now: soon})
+	if d.Action != Succeed || d.ServedOn != 1 {
+		t.Errorf("a short job's mark, workers on tier 2: %+v, want succeed served on tier index 1", d)
+	}
 }
 
 // TestDecidePreemption: an attempt lost with evidence of preemption is

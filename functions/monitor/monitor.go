@@ -186,6 +186,9 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		if rec.Phase == runs.Submitted {
 			p := h.latest(ctx, rec, files)
 			ran = func(r *runs.Record) {
+				if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil && d.ServedOn >= 0 {
+					a.Tier = d.ServedOn
+				}
 				if r.MarkRunning(rec.Attempt, h.Deps.Time()) == nil && p != nil {
 					r.Progress = p
 				}
