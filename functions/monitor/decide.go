@@ -3,7 +3,6 @@ package monitor
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -239,20 +238,4 @@ func retryOrFail(r *runs.Record, why string, preempted bool) Decision {
 		why = fmt.Sprintf("%s; no retries left after %d attempts", why, r.Attempt)
 	}
 	return fail(runs.InfrastructureFailure, false, "%s", why)
-}
-
-func cancel(msg string, deleteJob bool) Decision {
-	return Decision{Action: Finish, DeleteJob: deleteJob, Ending: runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: msg}}
-}
-
-func fail(reason runs.Reason, deleteJob bool, format string, args ...any) Decision {
-	return Decision{Action: Finish, DeleteJob: deleteJob, Ending: runs.Ending{Outcome: runs.OutcomeFailed, Reason: reason, Message: fmt.Sprintf(format, args...)}}
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
-	if len(s) > 500 {
-		s = s[:500] + "…"
-	}
-	return s
 }
