@@ -134,8 +134,23 @@ def main(argv=None) -> int:
     try:
         return _main(args)
     finally:
+        _disconnect_ray()
         if keeper is not None:
             keeper.close()
+
+
+def _disconnect_ray() -> None:
+    """Disconnect from Ray before the log is kept for the last time. Ray holds back a
+    worker's line that another worker printed too (its log deduplication) and prints
+    what it still holds when it disconnects; left to Ray's own exit handler, those lines
+    come after the keeper's last copy and never reach driver.log."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return
+    try:
+        ray.shutdown()
+    except Exception as exc:  # noqa: BLE001 - the log is kept on a best-effort basis
+        _log(f"could not disconnect from Ray: {result.error_text(exc)}")
 
 
 def _main(args) -> int:

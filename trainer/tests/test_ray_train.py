@@ -30,9 +30,9 @@ GA = 2
 SAMPLES_PER_STEP = WORKERS * 1 * GA
 
 
-def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600, run_id=None):
+def run_trainer(ray_address, storage, experiment, assets, extra=(), timeout=600, run_id=None, env_extra=None):
     argv = trainer_argv(storage, experiment, assets, extra, run_id)
-    env = dict(os.environ, RAY_ADDRESS=ray_address)
+    env = dict(os.environ, RAY_ADDRESS=ray_address, **(env_extra or {}))
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(argv, env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
     return proc
@@ -84,7 +84,11 @@ def storage(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_a(ray_address, storage, assets):
-    proc = run_trainer(ray_address, storage, "exp-a", assets)
+    # Ray's driver holds back a worker's line that another worker printed too, for
+    # this window, and prints what it still holds when it disconnects. An hour makes
+    # every such line wait for the disconnect: driver.log must not lose them
+    # (test_driver_log_is_kept_beside_the_run).
+    proc = run_trainer(ray_address, storage, "exp-a", assets, env_extra={"RAY_DEDUP_LOGS_AGG_WINDOW_S": "3600"})
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     return proc
 
