@@ -150,7 +150,11 @@ def build(
     status: str,
     error: Optional[str],
     trial_hint: Optional[str] = None,
+    notice_seen: bool = False,
 ) -> Dict[str, Any]:
+    """The completion mark (schemas/mark.v1.json) of the experiment's attempt. notice_seen:
+    a preemption notice reached the attempt (a failed mark with it is a node reclaimed
+    before the save on notice ended)."""
     storage_path = normalize_storage_path(storage_path)
     experiment_uri = join(storage_path, experiment_name)
     fs, base = filesystem(storage_path)
@@ -168,7 +172,19 @@ def build(
     }
     doc.update(summarize(rows, trial_uri))
     doc["samples"] = samples_summary(fs, experiment_fs_path, experiment_uri)
+    doc["noticeSeen"] = notice_seen
     return doc
+
+
+def failed_early(storage_path: str, experiment_name: str, run_id: str, error: str) -> Dict[str, Any]:
+    """The mark of an attempt that failed before training started (Ray unreachable, a bad
+    storage path): nothing was written, no notice was seen."""
+    return {
+        "schemaVersion": SCHEMA_VERSION, "runId": run_id, "status": "failed", "error": error,
+        "experimentPath": join(normalize_storage_path(storage_path), experiment_name),
+        "trialPath": None, "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {},
+        "data": None, "samples": None, "noticeSeen": False,
+    }
 
 
 def samples_summary(fs, experiment_fs_path: str, experiment_uri: str) -> Optional[Dict[str, Any]]:

@@ -92,11 +92,11 @@ def run(args) -> int:
     except BaseException as exc:  # the mark must be written whatever happened
         error = result.error_text(exc)
     finally:
-        doc = result.build(storage_path, args.experiment_name, args.run_id, status, error, trial_hint)
         # Whether a notice reached the attempt (the driver's SIGTERM, or a
         # worker's notice file, which that worker put in Ray's store): a
         # failed mark with it is a node reclaimed before the save ended.
-        doc["noticeSeen"] = sigterm.received.is_set() or _notice_given(sigterm.key)
+        seen = sigterm.received.is_set() or _notice_given(sigterm.key)
+        doc = result.build(storage_path, args.experiment_name, args.run_id, status, error, trial_hint, notice_seen=seen)
         where = result.write(storage_path, args.experiment_name, doc)
         _log(f"{status}; wrote {where}")
         _announce(args, where)
@@ -159,13 +159,7 @@ def _main(args) -> int:
     except BaseException as exc:
         # Failures before fit() (Ray unreachable, bad storage path) still get a mark when possible.
         try:
-            doc = {
-                "schemaVersion": result.SCHEMA_VERSION, "runId": args.run_id, "status": "failed",
-                "error": result.error_text(exc),
-                "experimentPath": result.join(result.normalize_storage_path(args.storage_path), args.experiment_name),
-                "trialPath": None,
-                "checkpoints": [], "latestCheckpoint": None, "finalMetrics": {}, "data": None, "samples": None,
-            }
+            doc = result.failed_early(args.storage_path, args.experiment_name, args.run_id, result.error_text(exc))
             _announce(args, result.write(args.storage_path, args.experiment_name, doc))
         except Exception:
             pass

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/schemas"
 )
 
 var layout = flag.String("layout", "testdata/trainer-layout", "storage path written by the trainer's tests under real Ray Train (make trainer-contract sets it)")
@@ -47,6 +49,10 @@ func TestTrainerLayoutContract(t *testing.T) {
 			b, err := os.ReadFile(markPath)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The trainer's mark is the schema's, field for field.
+			if err := schemas.ValidateMark(b); err != nil {
+				t.Errorf("the trainer's mark breaks schemas/mark.v1.json: %v", err)
 			}
 			var m trainerMark
 			if err := json.Unmarshal(b, &m); err != nil {
@@ -131,5 +137,30 @@ func TestTrainerLayoutContract(t *testing.T) {
 	}
 	if !sawCheckpoints {
 		t.Error("no experiment in the layout has a checkpoint")
+	}
+}
+
+// TestMarkReaderFollowsTheSchema: every field the pipeline reads from a
+// mark (checkpoints.Mark, its data and samples) is one schemas/mark.v1.json
+// defines, so a field renamed on one side fails here, not in a run.
+func TestMarkReaderFollowsTheSchema(t *testing.T) {
+	for _, c := range []struct {
+		path []string
+		typ  reflect.Type
+	}{
+		{nil, reflect.TypeFor[checkpoints.Mark]()},
+		{[]string{"data"}, reflect.TypeFor[checkpoints.DataStats]()},
+		{[]string{"samples"}, reflect.TypeFor[checkpoints.Samples]()},
+	} {
+		props, err := schemas.MarkProperties(c.path...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range c.typ.NumField() {
+			name, _, _ := strings.Cut(c.typ.Field(i).Tag.Get("json"), ",")
+			if name != "" && name != "-" && !props[name] {
+				t.Errorf("%s.%s reads %q, which the mark schema does not define at %v", c.typ.Name(), c.typ.Field(i).Name, name, c.path)
+			}
+		}
 	}
 }

@@ -8,6 +8,22 @@ import sys
 import pytest
 
 TRAINER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The completion mark's schema, the one contract the trainer, the pipeline's reader
+# (pkg/checkpoints) and the local cloud's simulated trainer all check their marks against.
+MARK_SCHEMA = os.path.join(os.path.dirname(TRAINER_DIR), "schemas", "mark.v1.json")
+
+
+def check_mark(doc: dict) -> dict:
+    """Fail unless doc is a completion mark as schemas/mark.v1.json defines it; returns doc."""
+    import json
+
+    import jsonschema
+
+    with open(MARK_SCHEMA, encoding="utf-8") as f:
+        validator = jsonschema.Draft202012Validator(json.load(f))
+    problems = [f"{'/'.join(map(str, e.absolute_path)) or '(mark)'}: {e.message}" for e in validator.iter_errors(doc)]
+    assert not problems, problems
+    return doc
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Nothing may reach the network; set before transformers/datasets are imported.

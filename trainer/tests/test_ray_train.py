@@ -21,7 +21,7 @@ import sys
 import pytest
 
 import tiny
-from conftest import TRAINER_DIR
+from conftest import TRAINER_DIR, check_mark
 
 STEPS = 24
 SAVE_STEPS = 12
@@ -69,8 +69,9 @@ def results(storage, experiment):
 
 
 def mark(storage, experiment):
+    """The experiment's completion mark, checked against schemas/mark.v1.json."""
     with open(os.path.join(storage, experiment, "raydrop_result.json")) as f:
-        return json.load(f)
+        return check_mark(json.load(f))
 
 
 @pytest.fixture(scope="module")

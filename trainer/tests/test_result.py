@@ -9,7 +9,7 @@ import os
 import re
 
 import result
-from conftest import TRAINER_DIR
+from conftest import TRAINER_DIR, check_mark
 
 ROWS = [
     {"step": 10, "epoch": 0.5, "loss": 2.0, "learning_rate": 1e-4, "grad_norm": 1.0, "checkpoint_dir_name": None,
@@ -39,8 +39,16 @@ def test_build_and_write_local(tmp_path):
     assert doc["trialPath"] == str(trial) and doc["latestCheckpoint"] == str(trial / "checkpoint_000000")
     where = result.write(str(tmp_path), "exp", doc)
     assert json.loads(open(where).read()) == doc
-    empty = result.build(str(tmp_path), "none-yet", "r1", "failed", "X")
+    check_mark(doc)
+    empty = check_mark(result.build(str(tmp_path), "none-yet", "r1", "failed", "X", notice_seen=True))
     assert empty["trialPath"] is None and empty["checkpoints"] == [] and empty["finalMetrics"] == {}
+    assert empty["noticeSeen"] is True and doc["noticeSeen"] is False
+
+
+def test_a_mark_before_training_started(tmp_path):
+    """Ray unreachable or a bad storage path: the mark still says what went wrong, in the schema."""
+    doc = check_mark(result.failed_early(str(tmp_path), "exp", "r1", "ConnectionError: no Ray at 127.0.0.1:1"))
+    assert doc["status"] == "failed" and doc["noticeSeen"] is False and doc["experimentPath"] == str(tmp_path / "exp")
 
 
 def test_announce_names_the_mark(tmp_path):

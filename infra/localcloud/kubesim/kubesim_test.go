@@ -31,6 +31,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/schemas"
 )
 
 var (
@@ -202,8 +203,19 @@ func record(t *testing.T, submissionID string) kubesim.JobRecord {
 func discover(t *testing.T, s *spec.JobSpec, run manifests.Run) *checkpoints.Result {
 	t.Helper()
 	_, prefix, _ := strings.Cut(strings.TrimPrefix(manifests.StoragePath(s, run.ID), "gs://"), "/")
-	res, err := checkpoints.Discover(context.Background(), gcsStore{gcs.Bucket(bucketName), bucketName}, prefix+"/"+manifests.ExperimentName(run.Attempt))
+	store := gcsStore{gcs.Bucket(bucketName), bucketName}
+	exp := prefix + "/" + manifests.ExperimentName(run.Attempt)
+	res, err := checkpoints.Discover(context.Background(), store, exp)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The simulated trainer's mark is the real trainer's: the schema both
+	// are checked against.
+	if b, err := store.Read(context.Background(), exp+"/"+checkpoints.MarkFile, 1<<20); err == nil {
+		if err := schemas.ValidateMark(b); err != nil {
+			t.Errorf("the simulated trainer's mark breaks schemas/mark.v1.json: %v", err)
+		}
+	} else if !errors.Is(err, checkpoints.ErrNotFound) {
 		t.Fatal(err)
 	}
 	return res
