@@ -12,38 +12,19 @@
 package raydrop
 
 import (
-	"context"
-	"fmt"
-
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 	// The buildpack's generated main imports funcframework; importing it here
 	// keeps the deployed dependency graph identical to the tested one.
 	_ "github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
-	"github.com/cloudevents/sdk-go/v2/event"
 
-	"github.com/raydrop/raydrop/functions/finalize"
-	"github.com/raydrop/raydrop/functions/monitor"
-	"github.com/raydrop/raydrop/functions/provision"
-	"github.com/raydrop/raydrop/functions/submit"
+	handlers "github.com/raydrop/raydrop/functions"
 	"github.com/raydrop/raydrop/pkg/ceserve"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
-// serve holds each function's entry point by its name in the wiring table
-// (pipeline.Functions), which says what the entry point is called.
-var serve = map[string]func(context.Context, event.Event) error{
-	"provision": provision.Serve,
-	"submit":    submit.Serve,
-	"monitor":   monitor.Serve,
-	"finalize":  finalize.Serve,
-}
-
 func init() {
-	for _, f := range pipeline.Functions {
-		fn, ok := serve[f.Name]
-		if !ok {
-			panic(fmt.Sprintf("function %s of the wiring table has no handler", f.Name))
-		}
+	for _, f := range wiring.Functions {
+		fn := handlers.Serve(f.Name)
 		// An HTTP function that decodes each delivery's CloudEvent itself:
 		// the Framework's CloudEvent path mixes up concurrent deliveries
 		// (pkg/ceserve says how).

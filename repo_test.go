@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/raydrop/raydrop/pkg/pipeline"
 )
 
 type goPackage struct {
@@ -82,23 +80,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// TestEveryFunctionHasAHandler: the root package registers a handler for
-// every function of the wiring table, and no other.
-func TestEveryFunctionHasAHandler(t *testing.T) {
-	names := map[string]bool{}
-	for _, f := range pipeline.Functions {
-		names[f.Name] = true
-		if serve[f.Name] == nil {
-			t.Errorf("function %s of the wiring table has no handler in serve", f.Name)
-		}
-	}
-	for name := range serve {
-		if !names[name] {
-			t.Errorf("serve has %s, which the wiring table does not list", name)
-		}
-	}
 }
 
 // TestHandlerFilesAreShort: every handler file reads top to bottom as the

@@ -14,6 +14,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -81,7 +83,7 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 	if rec.Phase == runs.Finishing {
 		var err error
 		res, err = h.discover(ctx, rec)
-		if pipeline.Unreadable(err) {
+		if gcp.Unreadable(err) {
 			unreadable = err
 		} else if err != nil {
 			return nil, nil, false, now, err
@@ -132,12 +134,12 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 }
 
 // discover finds the checkpoints of every attempt of the run. When they
-// cannot be read (pipeline.Unreadable), it returns what it found before
+// cannot be read (gcp.Unreadable), it returns what it found before
 // with the error.
 func (h *Handler) discover(ctx context.Context, rec *runs.Record) (*checkpoints.Result, error) {
 	res := &checkpoints.Result{Checkpoints: []checkpoints.Checkpoint{}}
 	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
-		bucket, exp := pipeline.Experiment(rec, n)
+		bucket, exp := manifests.Experiment(rec.Spec, rec.RunID, n)
 		r, err := checkpoints.Discover(ctx, h.Deps.Objects.Bucket(bucket), exp)
 		if err != nil {
 			return res, err

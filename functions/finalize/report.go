@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/report"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -41,7 +41,7 @@ func (h *Handler) reportOf(ctx context.Context, rec *runs.Record, res *checkpoin
 	page, err := report.Build(ctx, d.Objects.Bucket, end, d.Config, now)
 	if err == nil {
 		// Once: an earlier delivery's copy stands.
-		if err = d.Objects.Create(ctx, bucket, name, page, report.ContentType); errors.Is(err, pipeline.ErrExists) {
+		if err = d.Objects.Create(ctx, bucket, name, page, report.ContentType); errors.Is(err, gcp.ErrExists) {
 			err = nil
 		}
 	}
@@ -49,7 +49,7 @@ func (h *Handler) reportOf(ctx context.Context, rec *runs.Record, res *checkpoin
 	case err == nil:
 		d.Log.Info("report_written", "run_id", rec.RunID, "uri", report.URI(rec), "bytes", len(page))
 		return report.URI(rec), nil
-	case pipeline.Unreadable(err):
+	case gcp.Unreadable(err):
 		d.Log.Error("report_not_written", "run_id", rec.RunID, "uri", report.URI(rec), "error", err.Error())
 		return "", nil
 	}

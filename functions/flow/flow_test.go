@@ -24,18 +24,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
-	"github.com/raydrop/raydrop/functions/finalize"
-	"github.com/raydrop/raydrop/functions/monitor"
-	"github.com/raydrop/raydrop/functions/provision"
-	"github.com/raydrop/raydrop/functions/submit"
+	"github.com/raydrop/raydrop/functions"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 const (
@@ -64,7 +64,7 @@ type world struct {
 	seq    int
 	// current is the function handling the event being delivered: every
 	// message it publishes must go to a topic the wiring table lists for it.
-	current *pipeline.Function
+	current *wiring.Function
 	// faulty: faults are injected, so transient failures are expected.
 	faulty bool
 }
@@ -88,7 +88,7 @@ func TestMain(m *testing.M) {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	w := &world{t: t, ctx: context.Background(), gcs: gcstest.New(t, intake, state, output), now: time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), sent: map[string]int{}, drop: map[string]int{}}
-	cfg, err := pipeline.LoadConfig(func(k string) string {
+	cfg, err := config.LoadConfig(func(k string) string {
 		return map[string]string{"RAYDROP_PROJECT": "p", "RAYDROP_INTAKE_BUCKET": intake, "RAYDROP_STATE_BUCKET": state, "RAYDROP_KUBECONFIG": "unused", "RAYDROP_SCALE_DOWN_GRACE": "5m", "RAYDROP_OUTPUT_BUCKETS": output, "RAYDROP_DATA_BUCKETS": "team-data"}[k]
 	})
 	if err != nil {
@@ -99,7 +99,7 @@ func newWorld(t *testing.T) *world {
 	clock := func() time.Time { return w.now }
 	b := w.gcs.Bucket(cfg.StateBucket)
 	w.deps = &pipeline.Deps{
-		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &pipeline.GCS{Client: w.gcs},
+		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.gcs},
 		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: w.kube.CoreV1(),
 		Clock: clock,
 	}
@@ -152,7 +152,7 @@ func (w *world) Publish(_ context.Context, topic string, data []byte, attrs map[
 	defer w.mu.Unlock()
 	w.sent[topic]++
 	if f := w.current; f != nil && !w.publishes(*f, topic) {
-		w.t.Errorf("%s published to %s, which the wiring table (pipeline.Functions) does not list for it", f.Name, topic)
+		w.t.Errorf("%s published to %s, which the wiring table (wiring.Functions) does not list for it", f.Name, topic)
 	}
 	if topic == w.deps.Config.Topics.Events {
 		e := event.New()
@@ -182,7 +182,7 @@ func (w *world) pubsubEvent(topic string, data []byte, attrs map[string]string) 
 }
 
 // publishes reports whether the wiring table lets f publish to topic.
-func (w *world) publishes(f pipeline.Function, topic string) bool {
+func (w *world) publishes(f wiring.Function, topic string) bool {
 	for _, k := range f.Publishes {
 		if w.deps.Config.Topics.Name(k) == topic {
 			return true
@@ -193,35 +193,26 @@ func (w *world) publishes(f pipeline.Function, topic string) bool {
 
 // function is the function of the wiring table that topic delivers to: a
 // topic's name, or "intake" for the intake bucket's object notifications.
-func (w *world) function(topic string) (pipeline.Function, bool) {
-	for _, f := range pipeline.Functions {
+func (w *world) function(topic string) (wiring.Function, bool) {
+	for _, f := range wiring.Functions {
 		for _, tr := range f.Triggers {
 			switch {
 			case tr.Topic != "" && w.deps.Config.Topics.Name(tr.Topic) == topic,
-				tr.Bucket == pipeline.BucketIntake && topic == "intake":
+				tr.Bucket == wiring.BucketIntake && topic == "intake":
 				return f, true
 			}
 		}
 	}
-	return pipeline.Function{}, false
+	return wiring.Function{}, false
 }
 
 // handler is the handler of a function of the wiring table.
-func (w *world) handler(name string) interface {
-	Handle(context.Context, event.Event) error
-} {
-	switch name {
-	case "provision":
-		return &provision.Handler{Deps: w.deps}
-	case "submit":
-		return &submit.Handler{Deps: w.deps}
-	case "monitor":
-		return &monitor.Handler{Deps: w.deps}
-	case "finalize":
-		return &finalize.Handler{Deps: w.deps}
+func (w *world) handler(name string) functions.Handler {
+	build, ok := functions.Handlers[name]
+	if !ok {
+		w.t.Fatalf("function %s of the wiring table has no handler", name)
 	}
-	w.t.Fatalf("function %s of the wiring table has no handler in the flow tests", name)
-	return nil
+	return build(w.deps)
 }
 
 // deliver runs one event through the function the wiring table subscribes

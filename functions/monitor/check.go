@@ -8,9 +8,10 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // decideCheck judges a run whose data check runs on the Ray head:
@@ -44,7 +45,7 @@ func decideCheck(o Observation) Decision {
 		// Submit creates the check's RayJob on the provisioned message:
 		// a lost message, or a lost RayJob, is sent again.
 		if o.Sweep && o.Now.Sub(r.UpdatedAt) > lostJob {
-			return Decision{Action: Resend, Topic: pipeline.TopicProvisioned}
+			return Decision{Action: Resend, Topic: wiring.TopicProvisioned}
 		}
 		return Decision{Action: Wait}
 	}
@@ -62,7 +63,7 @@ func decideCheck(o Observation) Decision {
 // checked records the data check's figures and starts the first attempt:
 // the worker group scales up only now.
 func (h *Handler) checked(ctx context.Context, rec *runs.Record) error {
-	bucket, prefix := pipeline.StorageOf(rec)
+	bucket, prefix := manifests.Storage(rec.Spec, rec.RunID)
 	found, err := checkpoints.ReadDataCheck(ctx, h.Deps.Objects.Bucket(bucket), prefix)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // lostJob is how long a just-created RayJob may be missing from a listing
@@ -101,7 +102,7 @@ func Decide(o Observation) (Decision, error) {
 		case r.CancelRequested:
 			return cancel("cancelled before the job started", false), nil
 		case o.Sweep && stale:
-			return Decision{Action: Resend, Topic: pipeline.TopicProvisioned}, nil
+			return Decision{Action: Resend, Topic: wiring.TopicProvisioned}, nil
 		}
 	case runs.Checking:
 		return decideCheck(o), nil
@@ -109,14 +110,14 @@ func Decide(o Observation) (Decision, error) {
 		return decideJob(o)
 	case runs.Finishing:
 		if o.Sweep && stale {
-			return Decision{Action: Resend, Topic: pipeline.TopicFinished}, nil
+			return Decision{Action: Resend, Topic: wiring.TopicFinished}, nil
 		}
 	case runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected:
 		// The sweep lists an ended run only while it is unannounced: the
 		// delivery that ended it died before its event went out. Finalize
 		// finishes what it left.
 		if o.Sweep && stale && r.Unannounced() {
-			return Decision{Action: Resend, Topic: pipeline.TopicFinished}, nil
+			return Decision{Action: Resend, Topic: wiring.TopicFinished}, nil
 		}
 	default:
 		return Decision{}, fmt.Errorf("run %s is in phase %q: %w", r.RunID, r.Phase, errUnknownPhase)

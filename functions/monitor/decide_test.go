@@ -12,6 +12,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 var t0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -79,7 +80,7 @@ func TestDecide(t *testing.T) {
 		{"queued, cancelled", Observation{Run: rec(runs.Queued, cancelled), Sweep: true, Now: soon}, Finish, runs.ReasonCancelled, "", false},
 		{"checking, job pending", Observation{Run: rec(runs.Checking), Job: job(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning), Now: soon}, Wait, "", "", false},
 		{"checking, job not listed yet", Observation{Run: rec(runs.Checking), Sweep: true, Now: soon}, Wait, "", "", false},
-		{"checking, job lost", Observation{Run: rec(runs.Checking), Sweep: true, Now: t0.Add(lostJob + time.Second)}, Resend, "", pipeline.TopicProvisioned, false},
+		{"checking, job lost", Observation{Run: rec(runs.Checking), Sweep: true, Now: t0.Add(lostJob + time.Second)}, Resend, "", wiring.TopicProvisioned, false},
 		{"checking, passed", Observation{Run: rec(runs.Checking), Job: running, Check: &checkpoints.DataCheck{OK: true}, Now: soon}, Checked, "", "", false},
 		{"checking, bad data", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidData", Message: "d/metadata.jsonl line 6 column 'image': image does not decode"}, Now: soon}, Finish, runs.InvalidData, "", false},
 		{"checking, bad model", Observation{Run: rec(runs.Checking), Check: &checkpoints.DataCheck{Reason: "InvalidModel", Message: "not Gemma 3"}, Now: soon}, Finish, runs.InvalidModel, "", false},
@@ -88,7 +89,7 @@ func TestDecide(t *testing.T) {
 		{"checking, cancelled", Observation{Run: rec(runs.Checking, cancelled), Job: running, Now: soon}, Finish, runs.ReasonCancelled, "", true},
 		{"provisioned, fresh", Observation{Run: rec(runs.Provisioned), Sweep: true, Now: soon}, Wait, "", "", false},
 		{"provisioned, stale, message", Observation{Run: rec(runs.Provisioned), Now: stale}, Wait, "", "", false},
-		{"provisioned, stale, sweep", Observation{Run: rec(runs.Provisioned), Sweep: true, Now: stale}, Resend, "", pipeline.TopicProvisioned, false},
+		{"provisioned, stale, sweep", Observation{Run: rec(runs.Provisioned), Sweep: true, Now: stale}, Resend, "", wiring.TopicProvisioned, false},
 		{"provisioned, cancelled", Observation{Run: rec(runs.Provisioned, cancelled), Now: soon}, Finish, runs.ReasonCancelled, "", false},
 		{"submitted, job pending", Observation{Run: rec(runs.Submitted), Job: job(rayv1.JobDeploymentStatusInitializing, rayv1.JobStatusNew), Now: soon}, Wait, "", "", false},
 		{"submitted, job not listed yet", Observation{Run: rec(runs.Submitted), Sweep: true, Now: soon}, Wait, "", "", false},
@@ -107,11 +108,11 @@ func TestDecide(t *testing.T) {
 		{"running, job lost, no retry left", Observation{Run: rec(runs.Running, attempt2), Sweep: true, Now: soon}, Finish, runs.InfrastructureFailure, "", false},
 		{"running, job refused", Observation{Run: rec(runs.Running), Job: job(rayv1.JobDeploymentStatusValidationFailed, ""), Now: soon}, Finish, runs.InvalidJob, "", false},
 		{"finishing, fresh", Observation{Run: rec(runs.Finishing), Sweep: true, Now: soon}, Wait, "", "", false},
-		{"finishing, stale, sweep", Observation{Run: rec(runs.Finishing), Sweep: true, Now: stale}, Resend, "", pipeline.TopicFinished, false},
+		{"finishing, stale, sweep", Observation{Run: rec(runs.Finishing), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 	}
 	for _, p := range []runs.Phase{runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected} {
 		cases = append(cases,
-			decideCase{string(p) + ", unannounced, stale", Observation{Run: rec(p), Sweep: true, Now: stale}, Resend, "", pipeline.TopicFinished, false},
+			decideCase{string(p) + ", unannounced, stale", Observation{Run: rec(p), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 			decideCase{string(p) + ", announced", Observation{Run: rec(p, announced), Sweep: true, Now: stale}, Wait, "", "", false},
 		)
 	}

@@ -21,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -98,9 +100,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {
 			return err
 		}
-		bucket, exp := pipeline.Experiment(rec, rec.Attempt)
+		bucket, exp := manifests.Experiment(rec.Spec, rec.RunID, rec.Attempt)
 		files = attemptFiles{h.Deps.Objects.Bucket(bucket), exp}
-		if o.Mark, err = checkpoints.ReadMark(ctx, files.store, files.exp); pipeline.Unreadable(err) {
+		if o.Mark, err = checkpoints.ReadMark(ctx, files.store, files.exp); gcp.Unreadable(err) {
 			o.Unreadable = err.Error()
 		} else if err != nil {
 			return err
@@ -120,9 +122,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {
 			return err
 		}
-		bucket, prefix := pipeline.StorageOf(rec)
+		bucket, prefix := manifests.Storage(rec.Spec, rec.RunID)
 		if o.Check, err = checkpoints.ReadDataCheck(ctx, h.Deps.Objects.Bucket(bucket), prefix); err != nil {
-			if !pipeline.Unreadable(err) {
+			if !gcp.Unreadable(err) {
 				return err
 			}
 			// A verdict that can never be read: the check cannot pass.
@@ -212,7 +214,7 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 	}
 	res, err := checkpoints.Discover(ctx, files.store, files.exp)
 	switch {
-	case pipeline.Unreadable(err):
+	case gcp.Unreadable(err):
 		h.Deps.Log.Warn("checkpoints_unreadable", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
 	case err != nil:
 		return err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -40,25 +39,21 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 	d := h.Deps
 	now := d.Time()
 	holder := ""
+	var start *pipeline.Start
 	if rec.Phase == runs.Accepted {
 		lease, err := d.Leases.Acquire(ctx, rec.Namespace, rec.Cluster, rec.RunID)
 		if err != nil {
 			return err
 		}
-		switch {
-		case lease.Holder == rec.RunID && rec.Spec.Dataset.Check:
-			// The data check first, on the head: no worker is asked for yet.
-			job, cerr := d.PrepareCheck(ctx, rec)
-			if cerr != nil {
-				return cerr
+		if lease.Holder == rec.RunID {
+			// The data check first when the spec asks for it (on the head:
+			// no worker is asked for yet), else the first attempt.
+			s, perr := d.Prepare(ctx, rec, pipeline.FirstAttempt(rec), "", "")
+			if perr != nil {
+				return perr
 			}
-			err = rec.MarkChecking(job, now)
-		case lease.Holder == rec.RunID:
-			if err := d.EnsureResources(ctx, rec); err != nil {
-				return err
-			}
-			err = rec.MarkProvisioned(runs.Attempt{N: 1, RayJob: names.RayJob(rec.RunID, 1)}, "", now)
-		default:
+			start, err = &s, s.Mark(rec, now)
+		} else {
 			holder = lease.Holder
 			err = rec.MarkQueued(holder, now)
 		}
@@ -86,12 +81,8 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 	case runs.Queued:
 		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
 		d.Log.Info("run_queued", "run_id", rec.RunID, "cluster", rec.Cluster, "holder", holder)
-	case runs.Checking:
-		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
-		d.Log.Info("data_check_started", "run_id", rec.RunID, "rayjob", rec.Check.RayJob)
 	default:
 		d.Log.Info("run_accepted", "run_id", rec.RunID, "source", rec.Source, "name", rec.Name)
-		d.Log.Info("attempt_started", "run_id", rec.RunID, "attempt", 1, "resume_from", "")
 	}
 	if err := d.Publish(ctx, rec, claimed, now); err != nil {
 		return err
@@ -99,11 +90,8 @@ func (h *Handler) admitNew(ctx context.Context, rec *runs.Record) error {
 	// The next step goes before the published mark: the mark is a second
 	// write of the record, which waits for the rest of the second.
 	var sent error
-	switch rec.Phase {
-	case runs.Provisioned:
-		sent = d.Send(ctx, d.Config.Topics.Provisioned, pipeline.Step{RunID: rec.RunID, Attempt: 1})
-	case runs.Checking:
-		sent = d.SendCheck(ctx, rec.RunID)
+	if start != nil {
+		sent = d.SendStart(ctx, rec.RunID, *start)
 	}
 	_, err := d.MarkPublished(ctx, rec.RunID, claimed)
 	return errors.Join(sent, err)

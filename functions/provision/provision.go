@@ -17,6 +17,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -67,7 +69,7 @@ func (h *Handler) fromObject(ctx context.Context, e event.Event) error {
 	case errors.Is(err, checkpoints.ErrNotFound):
 		h.Deps.Log.Warn("object_ignored", "bucket", o.Bucket, "object", o.Name, "why", "deleted before it was read")
 		return nil
-	case errors.Is(err, pipeline.ErrTooLarge):
+	case errors.Is(err, gcp.ErrTooLarge):
 		data = nil // Parse reports the size problem below
 	case err != nil:
 		return err
@@ -117,7 +119,7 @@ func (h *Handler) fromMessage(ctx context.Context, e event.Event) error {
 // newRecord is the record of a new run: ACCEPTED with its parsed spec, or
 // REJECTED with every problem of its spec, including what the deployment
 // does not let runs use (deploymentProblems).
-func newRecord(runID, source, defaultName string, data []byte, size int64, cfg pipeline.Config, now time.Time) *runs.Record {
+func newRecord(runID, source, defaultName string, data []byte, size int64, cfg config.Config, now time.Time) *runs.Record {
 	var s *spec.JobSpec
 	var err error
 	if data == nil && size > spec.MaxBytes {
@@ -143,7 +145,7 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, cfg p
 // (its workers would stay up), a data bucket the Ray pods may not read (the
 // run would fail once its GPUs were up), a namespace where they have no
 // Kubernetes permissions (every step would be refused).
-func deploymentProblems(s *spec.JobSpec, cfg pipeline.Config) error {
+func deploymentProblems(s *spec.JobSpec, cfg config.Config) error {
 	var ps spec.Problems
 	if !cfg.MayWrite(s.Output.Bucket) {
 		ps = append(ps, spec.Problem{Path: "output.bucket", Message: fmt.Sprintf("%q is not a checkpoint bucket of this deployment; runs may write to %s", s.Output.Bucket, strings.Join(cfg.OutputBuckets, ", "))})

@@ -7,7 +7,7 @@ locals {
   # What each function does, and so what its service account may do: the
   # topics it publishes to, whether it reads the checkpoint bucket, and its
   # Kubernetes verbs per resource (its Role in var.namespace). The same
-  # table as pkg/pipeline/wiring.go; a test checks one against the other.
+  # table as pkg/wiring/wiring.go; a test checks one against the other.
   functions = {
     provision = {
       entry_point     = "Provision"

@@ -10,7 +10,7 @@ import (
 	"cloud.google.com/go/storage"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -41,7 +41,7 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	case n < 1 || n > r.Attempt:
 		return fail(e, "logs", fmt.Errorf("run %s has attempts 1 to %d, not %d", r.RunID, r.Attempt, n))
 	}
-	bucket, exp := pipeline.Experiment(r, n)
+	bucket, exp := manifests.Experiment(r.Spec, r.RunID, n)
 	obj := t.client.Bucket(bucket).Object(exp + "/" + checkpoints.DriverLogFile)
 	var offset int64
 	for {

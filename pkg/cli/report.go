@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/report"
 )
 
@@ -18,7 +19,7 @@ import (
 func runReport(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "report")
 	out := fs.String("o", "", "write the report to this file (- for standard output) instead of printing its URI")
-	price := fs.String("gpu-hour-usd", envOr("RAYDROP_GPU_HOUR_USD", pipeline.DefaultGPUHourUSD), "price of a GPU-hour, for a report rendered now (RAYDROP_GPU_HOUR_USD)")
+	price := fs.String("gpu-hour-usd", envOr(config.EnvGPUHourUSD, config.DefaultGPUHourUSD), "price of a GPU-hour, for a report rendered now (RAYDROP_GPU_HOUR_USD)")
 	_, r, done, code, ok := oneRun(ctx, e, "report", fs, t, args)
 	if !ok {
 		return code
@@ -42,9 +43,9 @@ func runReport(ctx context.Context, e *env, args []string) int {
 	var page []byte
 	if r.Report != "" {
 		bucket, name := report.Object(r)
-		page, _, err = (&pipeline.GCS{Client: t.client}).Read(ctx, bucket, name, 64<<20)
+		page, _, err = (&gcp.GCS{Client: t.client}).Read(ctx, bucket, name, 64<<20)
 	} else {
-		page, err = report.Build(ctx, (&pipeline.GCS{Client: t.client}).Bucket, r, pipeline.Config{GPUHourUSD: usd}, time.Now().UTC())
+		page, err = report.Build(ctx, (&gcp.GCS{Client: t.client}).Bucket, r, config.Config{GPUHourUSD: usd}, time.Now().UTC())
 	}
 	if err != nil {
 		return fail(e, "report", friendly(err, t))

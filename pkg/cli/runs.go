@@ -17,9 +17,11 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/storage"
 
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // target is where the commands find the deployment: flags over RAYDROP_*
@@ -30,11 +32,11 @@ type target struct {
 }
 
 func (t *target) flags(fs *flag.FlagSet) {
-	fs.StringVar(&t.project, "project", firstEnv("RAYDROP_PROJECT", "GOOGLE_CLOUD_PROJECT"), "Google Cloud project of the topics (RAYDROP_PROJECT)")
-	fs.StringVar(&t.bucket, "bucket", os.Getenv("RAYDROP_INTAKE_BUCKET"), "intake bucket (RAYDROP_INTAKE_BUCKET)")
-	fs.StringVar(&t.state, "state-bucket", os.Getenv("RAYDROP_STATE_BUCKET"), "bucket of the run records (RAYDROP_STATE_BUCKET; default: the intake bucket)")
-	fs.StringVar(&t.requests, "requests-topic", envOr("RAYDROP_TOPIC_REQUESTS", "raydrop-requests"), "requests topic")
-	fs.StringVar(&t.events, "events-topic", envOr("RAYDROP_TOPIC_EVENTS", "raydrop-events"), "public events topic")
+	fs.StringVar(&t.project, "project", firstEnv(config.EnvProject, "GOOGLE_CLOUD_PROJECT"), "Google Cloud project of the topics (RAYDROP_PROJECT)")
+	fs.StringVar(&t.bucket, "bucket", os.Getenv(config.EnvIntakeBucket), "intake bucket (RAYDROP_INTAKE_BUCKET)")
+	fs.StringVar(&t.state, "state-bucket", os.Getenv(config.EnvStateBucket), "bucket of the run records (RAYDROP_STATE_BUCKET; default: the intake bucket)")
+	fs.StringVar(&t.requests, "requests-topic", envOr(wiring.TopicEnv(wiring.TopicRequests), wiring.DefaultTopics().Requests), "requests topic")
+	fs.StringVar(&t.events, "events-topic", envOr(wiring.TopicEnv(wiring.TopicEvents), wiring.DefaultTopics().Events), "public events topic")
 }
 
 // deploymentFlags is the flag set of a command that talks to a deployment.

@@ -355,6 +355,20 @@ func StoragePath(s *spec.JobSpec, runID string) string {
 // ExperimentName is Ray Train's experiment name (RunConfig.name) of an attempt.
 func ExperimentName(attempt int) string { return "attempt-" + strconv.Itoa(attempt) }
 
+// Storage is the run's storage path (Ray Train's storage_path, where the
+// data check writes too) as a bucket and an object prefix.
+func Storage(s *spec.JobSpec, runID string) (bucket, prefix string) {
+	bucket, prefix, _ = strings.Cut(strings.TrimPrefix(StoragePath(s, runID), "gs://"), "/")
+	return bucket, prefix
+}
+
+// Experiment is where an attempt's Ray Train experiment lives: its bucket
+// and the object prefix of its experiment folder.
+func Experiment(s *spec.JobSpec, runID string, attempt int) (bucket, prefix string) {
+	bucket, prefix, _ = strings.Cut(strings.TrimPrefix(StoragePath(s, runID)+"/"+ExperimentName(attempt), "gs://"), "/")
+	return bucket, prefix
+}
+
 // TrainerArgs is the trainer's argv after the interpreter: the fixed script
 // path, then each spec value as its own argument.
 func TrainerArgs(s *spec.JobSpec, run Run) []string {

@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 	"time"
 
-	publishing "cloud.google.com/go/eventarc/publishing/apiv1"
-	"cloud.google.com/go/eventarc/publishing/apiv1/publishingpb"
 	"cloud.google.com/go/storage"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"google.golang.org/api/iterator"
@@ -45,23 +42,6 @@ type Bus interface {
 // busWithin bounds one publish to the bus in the delivery that claimed the
 // event: a bus that does not answer by then is retried by the sweep.
 const busWithin = 2 * time.Second
-
-// BusName is the form of a message bus's name (RAYDROP_EVENT_BUS).
-var BusName = regexp.MustCompile(`^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/locations/[a-z0-9-]+/messageBuses/[a-z][a-z0-9-]{0,61}[a-z0-9]$`)
-
-// EventarcBus is Bus over Eventarc's publishing client.
-type EventarcBus struct{ Client *publishing.PublisherClient }
-
-// Publish publishes json to bus.
-func (b *EventarcBus) Publish(ctx context.Context, bus, json string) error {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	_, err := b.Client.Publish(ctx, &publishingpb.PublishRequest{
-		MessageBus: bus,
-		Format:     &publishingpb.PublishRequest_JsonMessage{JsonMessage: json},
-	})
-	return err
-}
 
 // owedPrefix holds the events the bus has not taken yet, in the state
 // bucket.

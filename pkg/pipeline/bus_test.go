@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 )
@@ -40,7 +41,7 @@ func TestBusOwedEventsAreRetriedOnce(t *testing.T) {
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	bus := &fakeBus{down: true}
 	d := &Deps{
-		Config:      Config{EventBus: "projects/my-project/locations/us-central1/messageBuses/b", EventSource: "//raydrop.dev/test"},
+		Config:      config.Config{EventBus: "projects/my-project/locations/us-central1/messageBuses/b", EventSource: "//raydrop.dev/test"},
 		Bus:         bus,
 		StateBucket: gcstest.New(t, "state").Bucket("state"),
 		Log:         slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -86,7 +87,7 @@ func TestBusNameIsChecked(t *testing.T) {
 		"raydrop": false, "projects/my-project/messageBuses/raydrop": false,
 	} {
 		env["RAYDROP_EVENT_BUS"] = bus
-		_, err := LoadConfig(func(k string) string { return env[k] })
+		_, err := config.LoadConfig(func(k string) string { return env[k] })
 		if (err == nil) != ok {
 			t.Errorf("RAYDROP_EVENT_BUS %q: %v", bus, err)
 		}

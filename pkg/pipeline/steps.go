@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -14,76 +14,102 @@ import (
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// StartAttempt brings the run's cluster up for attempt n (1 for a new run,
-// n+1 for a retry resuming from resumeFrom), records it as PROVISIONED and
-// sends the provisioned message. It is safe to repeat.
-// For a retry, why the previous attempt ended goes into its record.
+// A Start is a step that brings a run's workers to work, ready to be
+// recorded: the data check (Attempt manifests.CheckAttempt, on the head
+// with the worker group at zero), a run's first attempt, or a retry
+// resuming from ResumeFrom. Prepare brings the cluster up as it needs;
+// Mark records it in the run's record; once that is written, SendStart
+// sends the provisioned message on which Submit creates its RayJob. Every
+// way a step starts goes through these three: StartAttempt for a record
+// that exists, Provision's admission for the record it is about to create.
+type Start struct {
+	Attempt    int
+	RayJob     string
+	ResumeFrom string
+	Why        string // for a retry: why the attempt before it ended
+}
+
+// Check reports whether the start is the data check's.
+func (s Start) Check() bool { return s.Attempt == manifests.CheckAttempt }
+
+// FirstAttempt is the step a run that has its cluster starts with: the
+// data check when its spec asks for one, else attempt 1.
+func FirstAttempt(rec *runs.Record) int {
+	if rec.Spec != nil && rec.Spec.Dataset.Check {
+		return manifests.CheckAttempt
+	}
+	return 1
+}
+
+// Prepare brings the run's trainer ConfigMap and RayCluster up for attempt
+// n: the worker group scaled to the spec's replicas, or kept at zero for
+// the data check. It is safe to repeat.
+func (d *Deps) Prepare(ctx context.Context, rec *runs.Record, n int, resumeFrom, why string) (Start, error) {
+	s := Start{Attempt: n, RayJob: names.RayJob(rec.RunID, n), ResumeFrom: resumeFrom, Why: why}
+	return s, d.ensureResources(ctx, rec, !s.Check())
+}
+
+// Mark records the start in r: CHECKING, or PROVISIONED at its attempt.
+func (s Start) Mark(r *runs.Record, now time.Time) error {
+	if s.Check() {
+		return r.MarkChecking(s.RayJob, now)
+	}
+	return r.MarkProvisioned(runs.Attempt{N: s.Attempt, RayJob: s.RayJob, ResumeFrom: s.ResumeFrom}, s.Why, now)
+}
+
+// Recorded reports whether r, as last written, is at this start; when it
+// is not, another delivery moved the run on, and sends what it needs.
+func (s Start) Recorded(r *runs.Record) bool {
+	if s.Check() {
+		return r.Phase == runs.Checking
+	}
+	return r.Phase == runs.Provisioned && r.Attempt == s.Attempt
+}
+
+// SendStart sends a recorded start's provisioned message.
+func (d *Deps) SendStart(ctx context.Context, runID string, s Start) error {
+	if s.Check() {
+		d.Log.Info("data_check_started", "run_id", runID, "rayjob", s.RayJob)
+	} else {
+		d.Log.Info("attempt_started", "run_id", runID, "attempt", s.Attempt, "resume_from", s.ResumeFrom)
+	}
+	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: s.Attempt})
+}
+
+// StartAttempt starts attempt n of the run (manifests.CheckAttempt for its
+// data check, 1 for its first attempt, n+1 for a retry resuming from
+// resumeFrom): Prepare, Mark in an update of the record, SendStart. For a
+// retry, why the previous attempt ended goes into its record. It is safe
+// to repeat: a redelivery finds the step recorded and sends its message
+// again.
 func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom, why string) error {
 	rec, err := d.Runs.Get(ctx, runID)
 	if err != nil {
 		return err
 	}
-	if err := d.EnsureResources(ctx, rec); err != nil {
-		return err
-	}
-	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error {
-		return r.MarkProvisioned(runs.Attempt{N: n, RayJob: names.RayJob(runID, n), ResumeFrom: resumeFrom}, why, d.Time())
-	})
-	if err != nil {
-		return err
-	}
-	// A redelivery finds the attempt started and sends its message again.
-	if rec.Attempt != n || rec.Phase != runs.Provisioned {
-		return nil // another delivery moved it on already
-	}
-	d.Log.Info("attempt_started", "run_id", runID, "attempt", n, "resume_from", resumeFrom)
-	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: n})
-}
-
-// StartFirst starts a run that has its cluster: with the data check when
-// its spec asks for one (StartCheck), else its first attempt.
-func (d *Deps) StartFirst(ctx context.Context, rec *runs.Record) error {
-	if rec.Spec != nil && rec.Spec.Dataset.Check {
-		return d.StartCheck(ctx, rec.RunID)
-	}
-	return d.StartAttempt(ctx, rec.RunID, 1, "", "")
-}
-
-// StartCheck brings the run's cluster up with its worker group at zero,
-// records the run CHECKING and sends the provisioned message for the check
-// (attempt 0): Submit creates the check's RayJob on the head. No GPU worker
-// is asked for until the check passes (the monitor then starts the first
-// attempt). It is safe to repeat.
-func (d *Deps) StartCheck(ctx context.Context, runID string) error {
-	rec, err := d.Runs.Get(ctx, runID)
-	if err != nil {
-		return err
-	}
-	if rec.Phase != runs.Accepted && rec.Phase != runs.Queued && rec.Phase != runs.Checking {
-		return nil // another delivery moved it on already
-	}
-	job, err := d.PrepareCheck(ctx, rec)
-	if err != nil {
-		return err
-	}
-	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error { return r.MarkChecking(job, d.Time()) })
-	if err != nil {
-		return err
-	}
-	if rec.Phase != runs.Checking {
+	if n == manifests.CheckAttempt && rec.Phase != runs.Accepted && rec.Phase != runs.Queued && rec.Phase != runs.Checking {
+		// Another delivery moved it on already; bringing the cluster up
+		// for the check now would scale its workers to zero.
 		return nil
 	}
-	d.Log.Info("data_check_started", "run_id", runID, "rayjob", job)
-	return d.SendCheck(ctx, runID)
+	s, err := d.Prepare(ctx, rec, n, resumeFrom, why)
+	if err != nil {
+		return err
+	}
+	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error { return s.Mark(r, d.Time()) })
+	if err != nil {
+		return err
+	}
+	if !s.Recorded(rec) {
+		return nil
+	}
+	return d.SendStart(ctx, runID, s)
 }
 
-// PrepareCheck brings the run's cluster up with its worker group at zero;
-// it returns the name of the data check's RayJob, which Submit creates.
-func (d *Deps) PrepareCheck(ctx context.Context, rec *runs.Record) (string, error) {
-	if err := d.ensureResources(ctx, rec, false); err != nil {
-		return "", err
-	}
-	return names.RayJob(rec.RunID, manifests.CheckAttempt), nil
+// StartFirst starts a run that has its cluster: its data check when its
+// spec asks for one, else its first attempt.
+func (d *Deps) StartFirst(ctx context.Context, rec *runs.Record) error {
+	return d.StartAttempt(ctx, rec.RunID, FirstAttempt(rec), "", "")
 }
 
 // CheckJob is the run's data check RayJob, its estimate at the price of the
@@ -100,20 +126,9 @@ func (d *Deps) CheckJob(rec *runs.Record) (*rayv1.RayJob, error) {
 	return manifests.CheckJob(rec.Spec, run, price), nil
 }
 
-// SendCheck sends the provisioned message of a checking run (attempt 0),
-// on which Submit creates the check's RayJob.
-func (d *Deps) SendCheck(ctx context.Context, runID string) error {
-	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: manifests.CheckAttempt})
-}
-
-// EnsureResources makes sure the run's trainer ConfigMap and RayCluster
-// exist, its worker group scaled to the spec's replicas.
-func (d *Deps) EnsureResources(ctx context.Context, rec *runs.Record) error {
-	return d.ensureResources(ctx, rec, true)
-}
-
-// ensureResources is EnsureResources; without workers, the worker group is
-// kept at zero (the data check runs on the head alone).
+// ensureResources brings the run's trainer ConfigMap and RayCluster up,
+// its worker group scaled to the spec's replicas; without workers, kept
+// at zero (the data check runs on the head alone).
 func (d *Deps) ensureResources(ctx context.Context, rec *runs.Record, workers bool) error {
 	if rec.Spec == nil {
 		return Permanent(fmt.Errorf("run %s has no spec", rec.RunID))
@@ -221,22 +236,6 @@ func (d *Deps) GetRun(ctx context.Context, runID string) (*runs.Record, error) {
 		return nil, Permanent(err)
 	}
 	return rec, err
-}
-
-// StorageOf is the run's storage path (Ray Train's storage_path, where the
-// data check writes too) as a bucket and an object prefix.
-func StorageOf(rec *runs.Record) (bucket, prefix string) {
-	bucket, prefix, _ = strings.Cut(strings.TrimPrefix(manifests.StoragePath(rec.Spec, rec.RunID), "gs://"), "/")
-	return bucket, prefix
-}
-
-// Experiment is where an attempt's Ray Train experiment lives: its bucket
-// and the object prefix of its experiment folder.
-func Experiment(rec *runs.Record, attempt int) (bucket, prefix string) {
-	p := manifests.StoragePath(rec.Spec, rec.RunID) + "/" + manifests.ExperimentName(attempt)
-	rest := strings.TrimPrefix(p, "gs://")
-	bucket, prefix, _ = strings.Cut(rest, "/")
-	return bucket, prefix
 }
 
 // Admit gives an accepted or queued run its cluster when the cluster is

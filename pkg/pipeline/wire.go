@@ -6,11 +6,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 
 	container "cloud.google.com/go/container/apiv1"
@@ -21,8 +19,6 @@ import (
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
-	"google.golang.org/api/googleapi"
-	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -31,7 +27,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/logging"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -43,7 +40,7 @@ import (
 // the kubeconfig.
 func NewDeps(ctx context.Context) (*Deps, error) {
 	log := logging.New(os.Stdout, slog.LevelInfo)
-	cfg, err := LoadConfig(nil)
+	cfg, err := config.LoadConfig(nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfiguration, err)
 	}
@@ -75,8 +72,8 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	return &Deps{
 		Config:      cfg,
 		Runs:        &runs.Store{Bucket: bucket},
-		Objects:     &GCS{Client: gcs},
-		Publisher:   &PubSub{Client: ps},
+		Objects:     &gcp.GCS{Client: gcs},
+		Publisher:   &gcp.PubSub{Client: ps},
 		Bus:         bus,
 		StateBucket: bucket,
 		Leases:      &Leases{Bucket: bucket},
@@ -86,19 +83,14 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	}, nil
 }
 
-// PublishingEndpointEnv points the Eventarc publishing client at another
-// endpoint, as the local cloud's bus: plain gRPC, no credentials. Eventarc
-// has no emulator, so no variable of Google's does this.
-const PublishingEndpointEnv = "RAYDROP_EVENTARC_PUBLISHING_ENDPOINT"
-
 // newBus is the message bus's publisher; nil when the deployment names no
 // bus.
-func newBus(ctx context.Context, cfg Config) (Bus, error) {
+func newBus(ctx context.Context, cfg config.Config) (Bus, error) {
 	if cfg.EventBus == "" {
 		return nil, nil
 	}
 	var opts []option.ClientOption
-	if ep := os.Getenv(PublishingEndpointEnv); ep != "" {
+	if ep := os.Getenv(config.PublishingEndpointEnv); ep != "" {
 		opts = append(opts, option.WithEndpoint(ep), option.WithoutAuthentication(),
 			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
 	}
@@ -106,7 +98,7 @@ func newBus(ctx context.Context, cfg Config) (Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("eventarc publishing client: %w", err)
 	}
-	return &EventarcBus{Client: c}, nil
+	return &gcp.EventarcBus{Client: c}, nil
 }
 
 // Client-side rate limits of the Kubernetes clients. client-go's defaults
@@ -119,7 +111,7 @@ const (
 	kubeBurst = 200
 )
 
-func kubeConfig(ctx context.Context, cfg Config) (*rest.Config, error) {
+func kubeConfig(ctx context.Context, cfg config.Config) (*rest.Config, error) {
 	rc, err := kubeConfigFor(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -129,7 +121,7 @@ func kubeConfig(ctx context.Context, cfg Config) (*rest.Config, error) {
 	return rc, nil
 }
 
-func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
+func kubeConfigFor(ctx context.Context, cfg config.Config) (*rest.Config, error) {
 	if cfg.Kubeconfig != "" {
 		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 		if err != nil {
@@ -148,7 +140,7 @@ func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get GKE cluster %s: %w", cfg.GKECluster, err)
 	}
-	ep, err := GKEEndpoint(c)
+	ep, err := gcp.GKEEndpoint(c)
 	if err != nil {
 		return nil, err
 	}
@@ -163,142 +155,6 @@ func kubeConfigFor(ctx context.Context, cfg Config) (*rest.Config, error) {
 			return &oauth2.Transport{Source: ts, Base: rt}
 		},
 	}, nil
-}
-
-// GCS implements Objects over Cloud Storage.
-type GCS struct{ Client *storage.Client }
-
-// Read reads an object with its custom metadata.
-func (g *GCS) Read(ctx context.Context, bucket, name string, limit int64) ([]byte, map[string]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	rd, err := g.Client.Bucket(bucket).Object(name).NewReader(ctx)
-	if errors.Is(err, storage.ErrObjectNotExist) {
-		return nil, nil, checkpoints.ErrNotFound
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("read gs://%s/%s: %w", bucket, name, err)
-	}
-	defer func() { _ = rd.Close() }() // read-only: nothing to lose
-	if rd.Attrs.Size > limit {
-		return nil, nil, fmt.Errorf("gs://%s/%s is %d bytes: %w", bucket, name, rd.Attrs.Size, ErrTooLarge)
-	}
-	b, err := io.ReadAll(io.LimitReader(rd, limit+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read gs://%s/%s: %w", bucket, name, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, nil, fmt.Errorf("gs://%s/%s: %w", bucket, name, ErrTooLarge)
-	}
-	attrs, err := g.Client.Bucket(bucket).Object(name).Attrs(ctx)
-	if err != nil {
-		return b, nil, nil // the content is what matters
-	}
-	return b, attrs.Metadata, nil
-}
-
-// Create writes a new object under the precondition that none has its name
-// (ifGenerationMatch=0), which needs only storage.objects.create: replacing
-// an object would also need storage.objects.delete.
-// https://cloud.google.com/storage/docs/request-preconditions#special-case
-// https://cloud.google.com/storage/docs/access-control/iam-permissions#object_permissions
-//
-// When the name is taken, Cloud Storage's documentation does not settle
-// which answer an identity without storage.objects.delete gets: the
-// precondition's 412, or the 403 of an upload that needs the delete
-// permission because "an object with the same name already exists" (the
-// JSON API's permission table, footnote on objects.insert:
-// https://cloud.google.com/storage/docs/access-control/iam-json). So a 403
-// is followed by a look at the object (the writers of reports and events
-// also read their buckets): an object there is ErrExists, like a 412, and
-// only a 403 on a name still free is a refusal.
-func (g *GCS) Create(ctx context.Context, bucket, name string, data []byte, contentType string) error {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	w := g.Client.Bucket(bucket).Object(name).If(storage.Conditions{DoesNotExist: true}).NewWriter(ctx)
-	w.ContentType = contentType
-	w.ChunkSize = 0 // one request: the content is in memory
-	if _, err := w.Write(data); err != nil {
-		_ = w.Close()
-		return fmt.Errorf("write gs://%s/%s: %w", bucket, name, err)
-	}
-	err := w.Close()
-	var ge *googleapi.Error
-	if errors.As(err, &ge) && ge.Code == http.StatusForbidden {
-		if _, aerr := g.Client.Bucket(bucket).Object(name).Attrs(ctx); aerr == nil {
-			return fmt.Errorf("gs://%s/%s (the upload was refused with 403): %w", bucket, name, ErrExists)
-		}
-	}
-	if errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed {
-		return fmt.Errorf("gs://%s/%s: %w", bucket, name, ErrExists)
-	}
-	if err != nil {
-		return fmt.Errorf("write gs://%s/%s: %w", bucket, name, err)
-	}
-	return nil
-}
-
-// Bucket is a checkpoints.Store over a bucket.
-func (g *GCS) Bucket(bucket string) checkpoints.Store { return bucketStore{g, bucket} }
-
-type bucketStore struct {
-	g      *GCS
-	bucket string
-}
-
-func (b bucketStore) List(ctx context.Context, prefix string) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	it := b.g.Client.Bucket(b.bucket).Objects(ctx, &storage.Query{Prefix: prefix})
-	var out []string
-	for {
-		a, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, nil
-		}
-		if errors.Is(err, storage.ErrBucketNotExist) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a.Name)
-	}
-}
-
-func (b bucketStore) Read(ctx context.Context, name string, limit int64) ([]byte, error) {
-	data, _, err := b.g.Read(ctx, b.bucket, name, limit)
-	return data, err
-}
-
-func (b bucketStore) URI(name string) string {
-	return "gs://" + b.bucket + "/" + strings.TrimPrefix(name, "/")
-}
-
-// PubSub implements Publisher with one publisher per topic.
-type PubSub struct {
-	Client *pubsub.Client
-	mu     sync.Mutex
-	pubs   map[string]*pubsub.Publisher
-}
-
-// Publish publishes one message and waits for the server's acknowledgement.
-func (p *PubSub) Publish(ctx context.Context, topic string, data []byte, attrs map[string]string) error {
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
-	defer cancel()
-	p.mu.Lock()
-	if p.pubs == nil {
-		p.pubs = map[string]*pubsub.Publisher{}
-	}
-	pub, ok := p.pubs[topic]
-	if !ok {
-		pub = p.Client.Publisher(topic)
-		pub.PublishSettings.DelayThreshold = 0
-		p.pubs[topic] = pub
-	}
-	p.mu.Unlock()
-	_, err := pub.Publish(ctx, &pubsub.Message{Data: data, Attributes: attrs}).Get(ctx)
-	return err
 }
 
 // ErrConfiguration marks an error in the function's configuration: no

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/raydrop/raydrop/pkg/config"
 )
 
 // TestKubeClientRateLimit: the functions' Kubernetes clients are not held
@@ -17,7 +19,7 @@ func TestKubeClientRateLimit(t *testing.T) {
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := kubeConfig(context.Background(), Config{Kubeconfig: path})
+	rc, err := kubeConfig(context.Background(), config.Config{Kubeconfig: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
@@ -59,16 +61,16 @@ func URI(rec *runs.Record) string {
 // Build reads what the run's attempts left in their buckets and renders
 // the report of rec as it stands: the terminal record for a run that has
 // ended, the current one for a run still going. An object that cannot be
-// read (pipeline.Unreadable) is named in the report instead; any other
+// read (gcp.Unreadable) is named in the report instead; any other
 // error is returned, for the caller to retry.
-func Build(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs.Record, cfg pipeline.Config, now time.Time) ([]byte, error) {
-	in := Input{Record: rec, Event: pipeline.EventData(rec, rec.Phase, cfg), GPUHourUSD: cfg.GPUHourUSD, Generated: now}
+func Build(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs.Record, cfg config.Config, now time.Time) ([]byte, error) {
+	in := Input{Record: rec, Event: events.Data(rec, rec.Phase, cfg.GPUHourUSD), GPUHourUSD: cfg.GPUHourUSD, Generated: now}
 	if rec.Spec != nil {
 		d := spec.Defaults()
 		in.Defaults = &d
 	}
 	for n := 1; n <= rec.Attempt && rec.Spec != nil; n++ {
-		b, exp := pipeline.Experiment(rec, n)
+		b, exp := manifests.Experiment(rec.Spec, rec.RunID, n)
 		st := bucket(b)
 		lines, err := checkpoints.Series(ctx, st, exp)
 		if err := in.note(err); err != nil {
@@ -92,7 +94,7 @@ func (in *Input) note(err error) error {
 	switch {
 	case err == nil || errors.Is(err, checkpoints.ErrNotFound):
 		return nil
-	case pipeline.Unreadable(err):
+	case gcp.Unreadable(err):
 		in.Unreadable = append(in.Unreadable, err.Error())
 		return nil
 	}
@@ -163,7 +165,7 @@ func readSamples(ctx context.Context, st checkpoints.Store, dir string) (*Sample
 					img.Data = template.URL("data:" + mt + ";base64," + base64.StdEncoding.EncodeToString(data))
 					inlined++
 				}
-			case errors.Is(err, checkpoints.ErrNotFound), pipeline.Unreadable(err):
+			case errors.Is(err, checkpoints.ErrNotFound), gcp.Unreadable(err):
 				img.Note = err.Error()
 			default:
 				return nil, err

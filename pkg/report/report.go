@@ -27,7 +27,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/events"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
@@ -155,7 +155,7 @@ func Render(in Input) ([]byte, error) {
 	v.Logs = map[int]string{}
 	for _, a := range in.Record.Attempts {
 		if in.Record.Spec != nil {
-			b, exp := pipeline.Experiment(in.Record, a.N)
+			b, exp := manifests.Experiment(in.Record.Spec, in.Record.RunID, a.N)
 			v.Logs[a.N] = "gs://" + b + "/" + exp + "/" + checkpoints.DriverLogFile
 		}
 	}

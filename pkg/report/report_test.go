@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
@@ -32,7 +33,7 @@ func stage(t *testing.T, phase runs.Phase, experiments ...string) (func(string) 
 	res := &checkpoints.Result{}
 	for i, exp := range experiments {
 		n := i + 1
-		b, prefix := pipeline.Experiment(rec, n)
+		b, prefix := manifests.Experiment(rec.Spec, rec.RunID, n)
 		dst := filepath.Join(root, b, filepath.FromSlash(prefix))
 		if err := os.CopyFS(dst, os.DirFS(filepath.Join(layout, exp))); err != nil {
 			t.Fatal(err)
@@ -60,7 +61,7 @@ func stage(t *testing.T, phase runs.Phase, experiments ...string) (func(string) 
 
 func build(t *testing.T, bucket func(string) checkpoints.Store, rec *runs.Record) string {
 	t.Helper()
-	page, err := Build(context.Background(), bucket, rec, pipeline.Config{GPUHourUSD: 12}, time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC))
+	page, err := Build(context.Background(), bucket, rec, config.Config{GPUHourUSD: 12}, time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestReportOfASucceededRun(t *testing.T) {
 	// both attempts; the closing summary is not a step.
 	want := map[string]int{}
 	for n := 1; n <= 2; n++ {
-		b, exp := pipeline.Experiment(rec, n)
+		b, exp := manifests.Experiment(rec.Spec, rec.RunID, n)
 		lines, err := checkpoints.Series(context.Background(), bucket(b), exp)
 		if err != nil {
 			t.Fatal(err)

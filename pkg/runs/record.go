@@ -1,4 +1,4 @@
-// Package runs holds the run record, runs/<id>/status.json in the intake
+// Package runs holds the run record, runs/<id>/status.json in the state
 // bucket: the single source of truth of a run's phase. It is created once
 // (DoesNotExist) and advanced only by compare-and-swap on its generation, so
 // concurrent and duplicate deliveries never lose or double an update.

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 var update = flag.Bool("update", false, "rewrite infra/gcp/tests/wiring.auto.tfvars.json from the wiring table")
@@ -38,7 +38,7 @@ type planFunction struct {
 // same rules functions.tf follows and checkIAM checks textually.
 func wiringForPlan() planWiring {
 	w := planWiring{Functions: map[string]planFunction{}}
-	for _, fn := range pipeline.Functions {
+	for _, fn := range wiring.Functions {
 		g := []string{
 			"project|roles/container.clusterViewer",
 			"project|roles/eventarc.eventReceiver",
@@ -60,7 +60,7 @@ func wiringForPlan() planWiring {
 			g = append(g, "run:"+t.Name+"|roles/run.invoker")
 		}
 		bus := []string{}
-		if slices.Contains(fn.Publishes, pipeline.TopicEvents) {
+		if slices.Contains(fn.Publishes, wiring.TopicEvents) {
 			bus = append(bus, "project|roles/eventarc.messageBusUser")
 		}
 		slices.Sort(g)

@@ -11,7 +11,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // TestHCLMatchesWiring checks the deployment (infra/gcp/functions.tf)
@@ -55,12 +55,12 @@ func TestHCLMatchesWiring(t *testing.T) {
 	}
 
 	fns := value("functions")
-	if got, want := len(fns.AsValueMap()), len(pipeline.Functions); got != want {
+	if got, want := len(fns.AsValueMap()), len(wiring.Functions); got != want {
 		t.Errorf("%s deploys %d functions, the wiring table has %d", path, got, want)
 	}
 	triggers := value("triggers").AsValueMap()
 	nTriggers := 0
-	for _, fn := range pipeline.Functions {
+	for _, fn := range wiring.Functions {
 		hf, ok := fns.AsValueMap()[fn.Name]
 		if !ok {
 			t.Errorf("%s does not deploy function %s", path, fn.Name)
@@ -103,11 +103,11 @@ func TestHCLMatchesWiring(t *testing.T) {
 	}
 	groups := value("kube_api_groups").AsValueMap()
 	for r, g := range groups {
-		if want, ok := pipeline.KubeGroups[r]; !ok || g.AsString() != want {
+		if want, ok := wiring.KubeGroups[r]; !ok || g.AsString() != want {
 			t.Errorf("kube_api_groups: %s is in group %q in HCL, %q in the wiring table", r, g.AsString(), want)
 		}
 	}
-	for r := range pipeline.KubeGroups {
+	for r := range wiring.KubeGroups {
 		if _, ok := groups[r]; !ok {
 			t.Errorf("kube_api_groups has no group for %s", r)
 		}
@@ -118,9 +118,9 @@ func TestHCLMatchesWiring(t *testing.T) {
 		t.Fatalf("%s has no local function_env", path)
 	}
 	envSrc := string(env.SrcRange.SliceBytes(src))
-	for _, k := range pipeline.TopicKeys {
-		if !strings.Contains(envSrc, pipeline.TopicEnv(k)+" ") {
-			t.Errorf("function_env does not set %s", pipeline.TopicEnv(k))
+	for _, k := range wiring.TopicKeys {
+		if !strings.Contains(envSrc, wiring.TopicEnv(k)+" ") {
+			t.Errorf("function_env does not set %s", wiring.TopicEnv(k))
 		}
 	}
 	for _, v := range []string{"RAYDROP_OUTPUT_BUCKETS", "RAYDROP_NAMESPACES", "RAYDROP_STATE_BUCKET"} {
@@ -136,7 +136,7 @@ func TestHCLMatchesWiring(t *testing.T) {
 		t.Errorf("the checkpoint bucket's notification is not filtered to the mark notices (%s)", names.NoticePrefix)
 	}
 	if !strings.Contains(string(src), `account_id   = "raydrop-${each.key}"`) {
-		t.Errorf("the functions' service accounts are not raydrop-<function> (pipeline.Function.Identity)")
+		t.Errorf("the functions' service accounts are not raydrop-<function> (wiring.Function.Identity)")
 	}
 }
 
@@ -191,7 +191,7 @@ func checkIAM(t *testing.T, body *hclsyntax.Body, src []byte) {
 
 // checkKube checks a function's Kubernetes verbs in HCL (its Role) against
 // the wiring table.
-func checkKube(t *testing.T, fn pipeline.Function, kube cty.Value) {
+func checkKube(t *testing.T, fn wiring.Function, kube cty.Value) {
 	t.Helper()
 	got := map[string][]string{}
 	if !kube.IsNull() {

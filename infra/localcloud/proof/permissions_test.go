@@ -24,6 +24,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // unreadableOutput is a checkpoint bucket the deployment lets runs write,
@@ -123,13 +124,13 @@ func testOutsideGrant(t *testing.T) {
 	ctx := context.Background()
 	var problems []string
 	probes := 0
-	for _, fn := range pipeline.Functions {
+	for _, fn := range wiring.Functions {
 		kc, err := functionKube(fn.EntryPoint)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, ns := range []string{stack.Namespace, "kube-system"} {
-			for _, res := range []string{pipeline.ResourceConfigMaps, pipeline.ResourceRayClusters, pipeline.ResourceRayJobs, "secrets", "pods"} {
+			for _, res := range []string{wiring.ResourceConfigMaps, wiring.ResourceRayClusters, wiring.ResourceRayJobs, "secrets", "pods"} {
 				for _, verb := range []string{"get", "list", "create", "update", "delete"} {
 					if ns == stack.Namespace && slices.Contains(fn.Kube[res], verb) {
 						continue
@@ -141,7 +142,7 @@ func testOutsideGrant(t *testing.T) {
 				}
 			}
 		}
-		for _, key := range pipeline.TopicKeys {
+		for _, key := range wiring.TopicKeys {
 			if slices.Contains(fn.Publishes, key) {
 				continue
 			}
@@ -240,7 +241,7 @@ func functionKube(target string) (*kubernetes.Clientset, error) {
 func kubeProbe(ctx context.Context, kc *kubernetes.Clientset, namespace, resource, verb string) error {
 	rc := kc.CoreV1().RESTClient()
 	prefix := "/api/v1"
-	if g := pipeline.KubeGroups[resource]; g != "" {
+	if g := wiring.KubeGroups[resource]; g != "" {
 		prefix = "/apis/" + g + "/v1"
 	}
 	collection := []string{prefix, "namespaces", namespace, resource}

@@ -13,11 +13,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // The local cloud holds each function to what its identity may do, from
-// the same table the deployment grants (pipeline.Functions):
+// the same table the deployment grants (wiring.Functions):
 //
 //   - Kubernetes: each function authenticates to the API server (RBAC on)
 //     as its own user, named as GKE names its Google service account, and
@@ -36,8 +36,8 @@ import (
 const Namespace = "default"
 
 // functionOf is the wiring table's function of an entry point.
-func functionOf(target string) pipeline.Function {
-	for _, f := range pipeline.Functions {
+func functionOf(target string) wiring.Function {
+	for _, f := range wiring.Functions {
 		if f.EntryPoint == target {
 			return f
 		}
@@ -58,7 +58,7 @@ func (s *Stack) grantAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, f := range pipeline.Functions {
+	for _, f := range wiring.Functions {
 		if _, err := kc.RbacV1().Roles(Namespace).Create(ctx, f.Role(Namespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create role of %s: %w", f.Name, err)
 		}

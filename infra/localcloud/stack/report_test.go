@@ -15,7 +15,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/report"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -82,9 +83,9 @@ func TestReportInABrowser(t *testing.T) {
 	// What the page must show: a point per logged report with the metric,
 	// over every attempt, read from Ray Train's result.json in the bucket.
 	want := map[string]int{}
-	gcs := &pipeline.GCS{Client: st.GCS}
+	gcs := &gcp.GCS{Client: st.GCS}
 	for n := 1; n <= r.Attempt; n++ {
-		b, exp := pipeline.Experiment(r, n)
+		b, exp := manifests.Experiment(r.Spec, r.RunID, n)
 		lines, err := checkpoints.Series(context.Background(), gcs.Bucket(b), exp)
 		if err != nil {
 			t.Fatal(err)

@@ -47,9 +47,10 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/infra/localcloud/strictgcs"
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // Names of the local deployment.
@@ -74,7 +75,7 @@ const (
 )
 
 // Topics of the deployment, as the functions' defaults name them.
-var Topics = pipeline.DefaultTopics()
+var Topics = wiring.DefaultTopics()
 
 // BuildEnv is the build environment of the deployed functions (the build
 // environment variables in infra/gcp/functions.tf): Cloud Storage's
@@ -148,7 +149,8 @@ type Stack struct {
 // Env is the environment that points tools and clients at the stack.
 func (s *Stack) Env() []string {
 	env := append(s.PubSub.Env(), "STORAGE_EMULATOR_HOST="+s.gcsHost)
-	return append(env, "KUBECONFIG="+s.Kubeconfig, "RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+s.Kubeconfig)
+	env = append(env, "KUBECONFIG="+s.Kubeconfig)
+	return append(env, config.Config{Project: Project, IntakeBucket: IntakeBucket, StateBucket: StateBucket, Kubeconfig: s.Kubeconfig}.Env()...)
 }
 
 func (s *Stack) step(format string, args ...any) {
@@ -201,7 +203,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		return nil, err
 	}
 	topics := []string{NotifyTopic}
-	for _, k := range pipeline.TopicKeys {
+	for _, k := range wiring.TopicKeys {
 		topics = append(topics, Topics.Name(k))
 	}
 	if err := s.PubSub.CreateTopics(ctx, topics...); err != nil {
@@ -288,7 +290,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 			return nil, err
 		}
 		routes = append(routes, r)
-		topicOf[r.Name] = Topics.Name(pipeline.TopicEvents)
+		topicOf[r.Name] = Topics.Name(wiring.TopicEvents)
 	}
 	for _, r := range routes {
 		s.RouteNames = append(s.RouteNames, r.Name)
@@ -340,16 +342,16 @@ var DeliveryPolicy = eventarc.Policy{
 	MaxDeliveryAttempts: 10,
 }
 
-// Functions are the functions' entry points (pipeline.Functions).
+// Functions are the functions' entry points (wiring.Functions).
 var Functions = func() []string {
 	var out []string
-	for _, f := range pipeline.Functions {
+	for _, f := range wiring.Functions {
 		out = append(out, f.EntryPoint)
 	}
 	return out
 }()
 
-// routes are Eventarc's routes of the wiring table (pipeline.Functions), to
+// routes are Eventarc's routes of the wiring table (wiring.Functions), to
 // the functions' targets by entry point, with the topic each route's
 // subscription reads: a Pub/Sub trigger's own topic, or the topic of the
 // intake bucket's object notifications. (The checkpoint buckets reach
@@ -357,14 +359,14 @@ var Functions = func() []string {
 func (s *Stack) routes(targets map[string]string) ([]eventarc.Route, map[string]string) {
 	var routes []eventarc.Route
 	topicOf := map[string]string{}
-	for _, f := range pipeline.Functions {
+	for _, f := range wiring.Functions {
 		target := targets[f.EntryPoint]
 		for _, tr := range f.Triggers {
 			switch tr.Bucket {
 			case "":
 				routes = append(routes, eventarc.Route{Name: tr.Name, Kind: eventarc.PubSubPublished, Target: target, Topic: s.PubSub.TopicName(Topics.Name(tr.Topic))})
 				topicOf[tr.Name] = Topics.Name(tr.Topic)
-			case pipeline.BucketIntake:
+			case wiring.BucketIntake:
 				routes = append(routes, eventarc.Route{Name: tr.Name, Kind: eventarc.StorageFinalized, Target: target, Bucket: IntakeBucket})
 				topicOf[tr.Name] = NotifyTopic
 			}
@@ -418,11 +420,15 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 	if err := writeProxyKubeconfig(kubeconfig, "http://"+kubeDoor); err != nil {
 		return nil, err
 	}
+	cfg := config.Config{
+		Project: Project, IntakeBucket: IntakeBucket, StateBucket: StateBucket, Kubeconfig: kubeconfig,
+		ScaleDownAge: 30 * time.Second, EventSource: "//raydrop.dev/localcloud",
+		OutputBuckets: s.opts.OutputBuckets, DataBuckets: []string{DataBucket}, Namespaces: []string{Namespace},
+		EventBus: BusName,
+	}
 	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
-		"RAYDROP_PROJECT="+Project, "RAYDROP_INTAKE_BUCKET="+IntakeBucket, "RAYDROP_STATE_BUCKET="+StateBucket, "RAYDROP_KUBECONFIG="+kubeconfig,
-		"RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_EVENT_SOURCE=//raydrop.dev/localcloud",
-		"RAYDROP_OUTPUT_BUCKETS="+strings.Join(s.opts.OutputBuckets, ","), "RAYDROP_DATA_BUCKETS="+DataBucket, "RAYDROP_NAMESPACES="+Namespace,
-		"RAYDROP_EVENT_BUS="+BusName, pipeline.PublishingEndpointEnv+"="+s.Bus.Addr())
+		config.PublishingEndpointEnv+"="+s.Bus.Addr())
+	f.env = append(f.env, cfg.Env()...)
 	door, err := s.openPubSubDoor(target)
 	if err != nil {
 		return nil, err

@@ -14,7 +14,7 @@ import (
 
 	"github.com/raydrop/raydrop/examples/subscriber"
 	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
-	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // ModelsBucket is where the example subscriber (examples/subscriber)
@@ -82,7 +82,7 @@ func (s *Stack) startSubscriber(ctx context.Context) (eventarc.Route, error) {
 		return eventarc.Route{}, err
 	}
 	s.funcs[target] = f
-	return eventarc.Route{Name: SubscriberRoute, Kind: eventarc.PubSubPublished, Target: f.url(), Topic: s.PubSub.TopicName(Topics.Name(pipeline.TopicEvents))}, nil
+	return eventarc.Route{Name: SubscriberRoute, Kind: eventarc.PubSubPublished, Target: f.url(), Topic: s.PubSub.TopicName(Topics.Name(wiring.TopicEvents))}, nil
 }
 
 // rewriteInto reports whether path is a rewrite (server-side copy) into

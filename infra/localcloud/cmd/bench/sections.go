@@ -23,6 +23,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -65,7 +66,7 @@ func (b *bench) footprint(trials int) error {
 	body := fmt.Sprintf(`{"bucket": %q, "name": "bench/footprint.json", "generation": "1", "size": "2"}`, stack.IntakeBucket)
 	var rStart, mStart, rRSS, mRSS, rAnon, mAnon []float64
 	for range trials {
-		d, mem, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), "RAYDROP_SCALE_DOWN_GRACE=30s", "RAYDROP_OUTPUT_BUCKETS="+output, "RAYDROP_NAMESPACES="+stack.Namespace), event, body)
+		d, mem, err := startOnce(b.ctx, raydrop, "Provision", append(b.st.Env(), config.Config{ScaleDownAge: 30 * time.Second, OutputBuckets: []string{output}, Namespaces: []string{stack.Namespace}}.Env()...), event, body)
 		if err != nil {
 			return fmt.Errorf("raydrop function: %w", err)
 		}

@@ -21,6 +21,8 @@ import (
 	"github.com/raydrop/raydrop/functions/monitor"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -74,14 +76,13 @@ func (b *bench) sweep(n int) error {
 	if err != nil {
 		return err
 	}
-	cfgEnv := map[string]string{"RAYDROP_PROJECT": stack.Project, "RAYDROP_INTAKE_BUCKET": bucket, "RAYDROP_KUBECONFIG": b.st.Kubeconfig, "RAYDROP_OUTPUT_BUCKETS": "unused"}
-	conf, err := pipeline.LoadConfig(func(k string) string { return cfgEnv[k] })
+	conf, err := config.Parse(config.Config{Project: stack.Project, IntakeBucket: bucket, Kubeconfig: b.st.Kubeconfig, OutputBuckets: []string{"unused"}}.Env())
 	if err != nil {
 		return err
 	}
 	store := &runs.Store{Bucket: gcs.Bucket(bucket)}
 	deps := &pipeline.Deps{
-		Config: conf, Runs: store, Objects: &pipeline.GCS{Client: gcs}, Publisher: &pipeline.PubSub{Client: b.st.PS},
+		Config: conf, Runs: store, Objects: &gcp.GCS{Client: gcs}, Publisher: &gcp.PubSub{Client: b.st.PS},
 		Leases: &pipeline.Leases{Bucket: gcs.Bucket(bucket)}, Ray: ray, Kube: kube,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package gcp
 
 import (
 	"encoding/base64"

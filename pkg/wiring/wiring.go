@@ -1,8 +1,15 @@
-package pipeline
+// Package wiring is the pipeline's wiring, written once: its functions,
+// the triggers that deliver to them, the topics they publish to, and what
+// each function's identity may do (Cloud Storage, Kubernetes RBAC). The
+// root package registers the entry points from it, the local cloud routes
+// events and grants permissions by it, and the deployment's HCL is checked
+// against it.
+package wiring
 
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Function is one of the pipeline's functions, how it is wired and what
@@ -133,6 +140,9 @@ var TopicKeys = []string{TopicRequests, TopicProvisioned, TopicSubmitted, TopicT
 // Name is the topic of a key.
 func (t Topics) Name(key string) string { return *t.field(key) }
 
+// Set names the topic of a key.
+func (t *Topics) Set(key, name string) { *t.field(key) = name }
+
 func (t *Topics) field(key string) *string {
 	switch key {
 	case TopicRequests:
@@ -178,3 +188,27 @@ func (f Function) Identity(project string) string {
 func (f Function) ReadsIntake() bool {
 	return slices.ContainsFunc(f.Triggers, func(t Trigger) bool { return t.Bucket == BucketIntake })
 }
+
+// Topics names every Pub/Sub topic the pipeline uses.
+type Topics struct {
+	Requests    string
+	Provisioned string
+	Submitted   string
+	Ticks       string
+	Finished    string
+	Events      string
+	Marks       string
+}
+
+// DefaultTopics are the topics when no RAYDROP_TOPIC_* variable names
+// them: raydrop-<key>.
+func DefaultTopics() Topics {
+	var t Topics
+	for _, k := range TopicKeys {
+		*t.field(k) = "raydrop-" + k
+	}
+	return t
+}
+
+// TopicEnv is the variable that names the topic of a key.
+func TopicEnv(key string) string { return "RAYDROP_TOPIC_" + strings.ToUpper(key) }
