@@ -6,8 +6,11 @@ package submit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/pipeline"
@@ -45,7 +48,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		return pipeline.Permanent(err)
 	}
 	job := manifests.RayJob(rec.Spec, run)
-	if err := d.CreateRayJob(ctx, job); err != nil {
+	if err := h.create(ctx, rec, job); errors.Is(err, errRefused) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	changed := false
@@ -78,9 +83,33 @@ func (h *Handler) check(ctx context.Context, rec *runs.Record) error {
 	if err != nil {
 		return err
 	}
-	if err := d.CreateRayJob(ctx, job); err != nil {
+	if err := h.create(ctx, rec, job); errors.Is(err, errRefused) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", manifests.CheckAttempt, "rayjob", job.Name, "namespace", job.Namespace, "data_check", true)
 	return d.Send(ctx, d.Config.Topics.Submitted, pipeline.Step{RunID: rec.RunID, Attempt: manifests.CheckAttempt})
+}
+
+// errRefused: the API server refused the RayJob for good, and the run
+// ended for it.
+var errRefused = errors.New("the API server refused the RayJob")
+
+// create creates the RayJob of the run's current step (create-or-get). One
+// the API server refuses for good (Invalid, BadRequest) fails the run
+// (InvalidJob) and sends it to finalize, which releases its cluster: no
+// redelivery, nor the sweep's resend of the step, could make the server
+// take it. It returns errRefused then, with nothing left to do.
+func (h *Handler) create(ctx context.Context, rec *runs.Record, job *rayv1.RayJob) error {
+	err := h.Deps.CreateRayJob(ctx, job)
+	if !pipeline.IsPermanent(err) {
+		return err
+	}
+	h.Deps.Log.Error("rayjob_refused", "run_id", rec.RunID, "attempt", rec.Attempt, "rayjob", job.Name, "error", err.Error())
+	msg := fmt.Sprintf("the API server refused RayJob %s/%s: %v", job.Namespace, job.Name, err)
+	if ferr := h.Deps.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeFailed, Reason: runs.InvalidJob, Message: msg}); ferr != nil {
+		return ferr
+	}
+	return errRefused
 }

@@ -48,7 +48,7 @@ var reasons = []struct {
 	{StartDeadlineExceeded, "failed: an attempt did not start running within limits.startDeadline"},
 	{ApplicationError, "failed: the training code failed (the message has its error); a retry cannot fix it"},
 	{InfrastructureFailure, "failed: the RayJob was lost or ended without the trainer's completion mark, on every attempt limits.retries allows"},
-	{InvalidJob, "failed: KubeRay refused the RayJob (ValidationFailed)"},
+	{InvalidJob, "failed: the API server or KubeRay refused the RayJob (Invalid, ValidationFailed)"},
 	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
 	{Preempted, "failed: attempts were lost to preemption (Spot VMs reclaimed, nodes shut down) more often than limits.preemptions allows; on a retried attempt, why it was retried"},
 	{InvalidData, "failed: the data check found data the run cannot train on (the message names the file, row and column); no GPU worker was asked for"},
