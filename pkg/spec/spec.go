@@ -141,7 +141,7 @@ type Cluster struct {
 	RayVersion     string     `json:"rayVersion" spec:"kind=version" doc:"Ray version of the images."`
 	ServiceAccount string     `json:"serviceAccount" spec:"required,kind=dns1123,max=63" doc:"Kubernetes service account of the Ray pods, bound by Workload Identity to a Google service account that may write output.bucket."`
 	Reservation    string     `json:"reservation" spec:"optional,kind=reservation" doc:"Compute Engine reservation that holds the GPU nodes: the reservation of every capacity tier of type reservation that names none (the default capacity is one such tier). Required unless every reservation tier names its own."`
-	Capacity       []Tier     `json:"capacity" spec:"min=1,max=4" doc:"Where the GPU worker nodes come from: tiers tried in order, each for its wait, the pipeline moving the workers that are still pending to the next (see the README's capacity section). The default is the single reservation of cluster.reservation."`
+	Capacity       []Tier     `json:"capacity" spec:"min=1,max=4" doc:"Where the GPU worker nodes come from: tiers tried in order, each for its wait, the pipeline moving the workers that are still pending to the next (see docs/capacity.md). The default is the single reservation of cluster.reservation."`
 	HFSecret       SecretRef  `json:"hfSecret" doc:"Kubernetes Secret holding the Hugging Face token; the token itself never appears in a spec."`
 	Head           Head       `json:"head" doc:"The Ray head pod."`
 	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
