@@ -54,6 +54,21 @@ resource "google_cloud_run_v2_service_iam_member" "bus_delivery_invoker" {
   member   = google_service_account.bus_delivery[0].member
 }
 
+# The pipeline mints those tokens as the Eventarc service agent, which needs
+# roles/iam.serviceAccountTokenCreator on the delivery account ("Eventarc
+# service agents must have roles/iam.serviceAccountTokenCreator role to
+# allow the Pipeline to create OpenID tokens for authenticated requests",
+# Pipeline.Destination.AuthenticationConfig.OidcToken.service_account in
+# https://cloud.google.com/eventarc/docs/reference/rest/v1/projects.locations.pipelines#oidctoken).
+# The agent exists once terraform_data.service_agents has run.
+resource "google_service_account_iam_member" "bus_delivery_token_creator" {
+  count              = length(google_service_account.bus_delivery)
+  service_account_id = google_service_account.bus_delivery[0].name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-eventarc.iam.gserviceaccount.com"
+  depends_on         = [terraform_data.service_agents]
+}
+
 resource "google_eventarc_pipeline" "succeeded" {
   count       = var.event_bus && var.event_bus_destination != "" ? 1 : 0
   location    = var.region
@@ -87,4 +102,5 @@ resource "google_eventarc_enrollment" "succeeded" {
   message_bus   = google_eventarc_message_bus.events[0].id
   destination   = google_eventarc_pipeline.succeeded[0].id
   cel_match     = "message.type == 'dev.raydrop.run.v1.succeeded'"
+  depends_on    = [google_service_account_iam_member.bus_delivery_token_creator]
 }

@@ -10,7 +10,7 @@
 # token is never used: planning a new resource calls no API.
 #
 # var.wiring (tests/wiring.auto.tfvars.json, which tofu test loads by
-# itself) is pkg/pipeline's wiring table as the grants it implies, written
+# itself) is pkg/wiring's table as the grants it implies, written
 # and kept equal to the table by infra/localcloud/deploycheck.
 # Run by make infra-plan (part of make infra-check).
 
@@ -151,6 +151,15 @@ run "event_bus" {
       google_cloud_run_v2_service_iam_member.bus_delivery_invoker[0].role == "roles/run.invoker"
     )
     error_message = "The event bus pipeline does not authenticate to its destination as an invoker of it."
+  }
+
+  # Eventarc's service agent mints the delivery account's OIDC tokens.
+  assert {
+    condition = (
+      google_service_account_iam_member.bus_delivery_token_creator[0].role == "roles/iam.serviceAccountTokenCreator" &&
+      google_service_account_iam_member.bus_delivery_token_creator[0].member == "serviceAccount:service-${data.google_project.this.number}@gcp-sa-eventarc.iam.gserviceaccount.com"
+    )
+    error_message = "The Eventarc service agent may not mint the delivery account's OIDC tokens."
   }
 
   assert {
