@@ -51,8 +51,19 @@ dev: tools ## Start the local cloud and keep it up (prints the variables that po
 
 ##@ Development
 
+# The parts of make test, as lanes: the parts of a lane run one after
+# another, lanes side by side (infra/tools/test-parts.sh prints each part's
+# time at the end).
+TEST_LANES ?= "lint go-test infra-check localcloud-test trainer-contract"
+
 .PHONY: test
-test: lint go-test infra-check localcloud-test trainer-contract ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract
+test: ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
+	MAKE="$(MAKE)" infra/tools/test-parts.sh $(TEST_LANES)
+
+.PHONY: check
+check: lint ## The inner loop: lint and the Go tests of the main module (cached results reused), against the real API server
+	$(MAKE) --no-print-directory tools
+	$(GO) test ./...
 
 .PHONY: go-test
 go-test: tools ## Go tests with the race detector against a real kube-apiserver + etcd

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# test-parts.sh: runs the parts of `make test` and prints how long each took.
+#
+#   test-parts.sh "lint go-test infra-check" "trainer-contract"
+#
+# Each argument is a lane: its parts (make targets) run one after another;
+# lanes run side by side. A lane's output is streamed with its first part's
+# name in front of each line and kept in .build/test-<lane>.log. The first
+# part that fails stops its lane; the others run to their end, and the
+# script exits non-zero after printing every part's time and status.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .build
+MAKE=${MAKE:-make}
+times=.build/test-times.txt
+: >"$times"
+start=$(date +%s)
+
+lane() { # name parts...
+	local name=$1
+	shift
+	for part in "$@"; do
+		local s
+		s=$(date +%s)
+		if $MAKE --no-print-directory "$part"; then
+			echo "$part $(($(date +%s) - s)) ok" >>"$times"
+		else
+			echo "$part $(($(date +%s) - s)) FAILED" >>"$times"
+			return 1
+		fi
+	done
+}
+
+pids=()
+if [ $# -eq 1 ]; then
+	# One lane: its output as it is.
+	# shellcheck disable=SC2086
+	lane main $1 &
+	pids+=($!)
+else
+	for l in "$@"; do
+		# shellcheck disable=SC2086
+		set -- $l
+		name=$1
+		(lane "$name" "$@" 2>&1 | tee ".build/test-$name.log" | sed -u "s/^/[$name] /") &
+		pids+=($!)
+	done
+fi
+status=0
+for p in "${pids[@]}"; do
+	wait "$p" || status=1
+done
+# A lane's pipeline hides its exit status from wait: read it from the times.
+grep -q FAILED "$times" && status=1
+
+echo
+echo "make test: the parts, in wall-clock seconds"
+while read -r part secs result; do
+	printf '  %-18s %5d s  %dm%02ds  %s\n' "$part" "$secs" $((secs / 60)) $((secs % 60)) "$result"
+done <"$times"
+total=$(($(date +%s) - start))
+printf '  %-18s %5d s  %dm%02ds  %s\n' total "$total" $((total / 60)) $((total % 60)) "$([ $status -eq 0 ] && echo ok || echo FAILED)"
+exit $status
