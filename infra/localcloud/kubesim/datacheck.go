@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/spec"
 	trainercode "github.com/raydrop/raydrop/trainer"
 )
@@ -746,7 +747,7 @@ func (g gcsSource) read(ctx context.Context, name string) ([]byte, error) {
 // pin on the data fails it without a verdict.
 func (p *play) check(ctx context.Context, rj *rayv1.RayJob, args *trainerArgs) {
 	log := p.log()
-	format, err := parseFormat(runtimeEnvVar(rj.Spec.RuntimeEnvYAML, "RAYDROP_DATASET_FORMAT"))
+	format, err := parseFormat(runtimeEnvVar(rj.Spec.RuntimeEnvYAML, manifests.DatasetFormatEnv))
 	if err != nil {
 		p.end(rayv1.JobStatusFailed, "usage error: --dataset-format: "+err.Error(), msgBadFlags)
 		return

@@ -1,0 +1,52 @@
+package kubesim_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+)
+
+func TestParseScenario(t *testing.T) {
+	sc, err := kubesim.ParseScenario("outcome=fail,at=5,steps=3,step=100ms,pending=1s,dropped=2,refuse=reservation:20s/spot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Outcome != kubesim.Fail || sc.At != 5 || sc.StepsPerEpoch != 3 || sc.StepTime != 100*time.Millisecond ||
+		sc.PendingFor != time.Second || sc.DroppedRows != 2 || sc.Refuse["reservation"] != 20*time.Second || sc.Refuse["spot"] != 0 || len(sc.Refuse) != 2 {
+		t.Errorf("parsed %+v", sc)
+	}
+	if d, err := kubesim.ParseScenario(" "); err != nil || d.Outcome != kubesim.DefaultScenario().Outcome {
+		t.Errorf("blank: %+v, %v", d, err)
+	}
+	for text, want := range map[string]string{
+		"colour=red":            "unknown key",
+		"at=five":               `"at=five"`,
+		"refuse=cheap":          "unknown capacity tier",
+		"refuse=spot:-1s":       "not a positive duration",
+		"preempt=3/0":           "not a step",
+		"preempt=3,preemptAs=x": "allowed: preempt",
+	} {
+		if _, err := kubesim.ParseScenario(text); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error with %q", text, err, want)
+		}
+	}
+}
+
+func TestScenarioForAttempt(t *testing.T) {
+	lose, _ := kubesim.ParseScenario("outcome=lose-head,at=3")
+	if lose.ForAttempt(1).Outcome != kubesim.LoseHead || lose.ForAttempt(2).Outcome != kubesim.Succeed {
+		t.Errorf("a lost head is a one-off: attempt 1 %s, attempt 2 %s", lose.ForAttempt(1).Outcome, lose.ForAttempt(2).Outcome)
+	}
+	pre, _ := kubesim.ParseScenario("preempt=3/7,preemptAs=reclaim")
+	for n, want := range map[int]struct {
+		o  kubesim.Outcome
+		at int
+	}{1: {kubesim.Reclaim, 3}, 2: {kubesim.Reclaim, 7}, 3: {kubesim.Succeed, 0}} {
+		got := pre.ForAttempt(n)
+		if got.Outcome != want.o || want.at != 0 && got.At != want.at {
+			t.Errorf("attempt %d plays %s at %d, want %s at %d", n, got.Outcome, got.At, want.o, want.at)
+		}
+	}
+}
