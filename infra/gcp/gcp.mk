@@ -26,7 +26,8 @@ DEPLOY_FLAGS ?=
 # make deploy first checks the region's GPU quota for the capacity tiers
 # the job specs use, and the GKE version flex-start needs
 # (infra/gcp/preflight; PREFLIGHT=0 skips it). Its flags, e.g.
-# PREFLIGHT_FLAGS="-tiers reservation,flexStart,spot -gpus 16".
+# PREFLIGHT_FLAGS="-specs jobs/a.json,jobs/b.json" (the tiers, accelerator
+# and GPUs of those specs) or "-tiers reservation,flexStart,spot -gpus 16".
 PREFLIGHT ?= 1
 PREFLIGHT_FLAGS ?=
 

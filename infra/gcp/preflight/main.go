@@ -29,14 +29,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
-// The capacity tiers of a job spec's cluster.capacity (pkg/spec).
+// The capacity tiers of a job spec's cluster.capacity, as pkg/spec names
+// them.
 const (
-	tierReservation = "reservation"
-	tierFlexStart   = "flexStart"
-	tierSpot        = "spot"
-	tierOnDemand    = "onDemand"
+	tierReservation = spec.TierReservation
+	tierFlexStart   = spec.TierFlexStart
+	tierSpot        = spec.TierSpot
+	tierOnDemand    = spec.TierOnDemand
 )
 
 // minFlexStartVersion is the oldest GKE version the check accepts for
@@ -66,7 +69,7 @@ type gcloud func(args ...string) ([]byte, error)
 
 func main() {
 	var c config
-	var tiers, tfvars string
+	var tiers, tfvars, specs string
 	flag.StringVar(&c.region, "region", "", "region of the deployment (default: region in -tfvars, else us-central1)")
 	flag.StringVar(&tfvars, "tfvars", "", "the deployment's terraform.tfvars, read for its region")
 	flag.StringVar(&c.accelerator, "accelerator", "nvidia-b200", "the workers' accelerator (a job spec's cluster.workers.accelerator)")
@@ -75,8 +78,16 @@ func main() {
 	flag.StringVar(&c.cluster, "cluster", "", "an existing cluster's name (create_cluster = false)")
 	flag.StringVar(&c.location, "location", "", "the existing cluster's location")
 	flag.StringVar(&c.minVersion, "min-flex-version", minFlexStartVersion, "the oldest GKE version accepted for flex-start")
+	flag.StringVar(&specs, "specs", "", "comma-separated job spec files: their tiers, accelerator and GPUs replace -tiers, -accelerator and -gpus")
 	flag.Parse()
 	c.tiers = strings.Split(tiers, ",")
+	if specs != "" {
+		var err error
+		if c, err = fromSpecs(c, strings.Split(specs, ",")); err != nil {
+			fmt.Fprintf(os.Stderr, "preflight: %v\n", err)
+			os.Exit(1)
+		}
+	}
 	if c.region == "" {
 		c.region = regionOf(tfvars)
 	}
@@ -89,6 +100,36 @@ func main() {
 		fmt.Fprintf(os.Stderr, "preflight: %v\npreflight: skip the check with make deploy PREFLIGHT=0\n", err)
 		os.Exit(1)
 	}
+}
+
+// fromSpecs is c checking for the job specs in paths: every capacity tier
+// they list, their accelerator, and the most GPUs one of them needs (its
+// Ray Train workers, one per GPU). Specs of different accelerators are
+// checked by one run each.
+func fromSpecs(c config, paths []string) (config, error) {
+	c.tiers, c.accelerator, c.gpus = nil, "", 0
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return c, err
+		}
+		s, err := spec.Parse(b)
+		if err != nil {
+			return c, fmt.Errorf("%s: %w", p, err)
+		}
+		if a := s.Cluster.Workers.Accelerator; c.accelerator == "" {
+			c.accelerator = a
+		} else if a != c.accelerator {
+			return c, fmt.Errorf("%s asks for %s, another spec for %s: check each accelerator's specs with a run of their own", p, a, c.accelerator)
+		}
+		c.gpus = max(c.gpus, float64(s.Training.Workers))
+		for _, t := range s.Tiers() {
+			if !slices.Contains(c.tiers, t.Type) {
+				c.tiers = append(c.tiers, t.Type)
+			}
+		}
+	}
+	return c, nil
 }
 
 var regionLine = regexp.MustCompile(`(?m)^\s*region\s*=\s*"([^"]+)"`)

@@ -135,3 +135,36 @@ func TestRegionOf(t *testing.T) {
 		t.Errorf("regionOf(missing) = %s, want us-central1", got)
 	}
 }
+
+// TestFromSpecs: the specs' tiers (each once, the default reservation
+// for a spec without capacity), accelerator and largest GPU count replace
+// the flags; specs of two accelerators are refused.
+func TestFromSpecs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, extra string) string {
+		p := dir + "/" + name
+		body := `{"apiVersion": "raydrop.dev/v1", "kind": "FineTuneJob", "name": "` + strings.TrimSuffix(name, ".json") + `",
+			"cluster": {"serviceAccount": "ray-sa", "reservation": "r"` + extra + `}, "output": {"bucket": "ckpt-bucket"}}`
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	plain := write("plain.json", "")
+	tiers := write("tiers.json", `, "capacity": [{"type": "reservation", "wait": "10m"}, {"type": "flexStart", "wait": "10m"}, {"type": "spot"}]`)
+	c, err := fromSpecs(config{tiers: []string{"onDemand"}, gpus: 1}, []string{plain, tiers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.tiers, ",") != "reservation,flexStart,spot" || c.accelerator != "nvidia-b200" || c.gpus != 16 {
+		t.Errorf("from the specs: tiers %v, accelerator %s, %g GPUs", c.tiers, c.accelerator, c.gpus)
+	}
+	other := write("h200.json", `, "workers": {"accelerator": "nvidia-h200-141gb"}`)
+	if _, err := fromSpecs(config{}, []string{plain, other}); err == nil || !strings.Contains(err.Error(), "nvidia-h200-141gb") {
+		t.Errorf("two accelerators: %v", err)
+	}
+	bad := write("bad.json", `, "capacity": [{"type": "cheap"}]`)
+	if _, err := fromSpecs(config{}, []string{bad}); err == nil || !strings.Contains(err.Error(), "bad.json") {
+		t.Errorf("an invalid spec: %v", err)
+	}
+}
