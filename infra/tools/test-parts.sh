@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # test-parts.sh: runs the parts of `make test` and prints how long each took.
 #
-#   test-parts.sh "lint go-test infra-check" "trainer-contract"
+#   test-parts.sh "cpu lint go-test infra-check" "localcloud localcloud-test"
 #
-# Each argument is a lane: its parts (make targets) run one after another;
-# lanes run side by side. A lane's output is streamed with its first part's
-# name in front of each line and kept in .build/test-<lane>.log. The first
+# Each argument is a lane: its name, then its parts (make targets), which
+# run one after another; lanes run side by side. With several lanes, a
+# lane's output is streamed with its name in front of each line and kept
+# in .build/test-<name>.log. The first
 # part that fails stops its lane; the others run to their end, and the
 # script exits non-zero after printing every part's time and status.
 set -uo pipefail
@@ -32,20 +33,19 @@ lane() { # name parts...
 }
 
 pids=()
-if [ $# -eq 1 ]; then
-	# One lane: its output as it is.
+lanes=$#
+for l in "$@"; do
 	# shellcheck disable=SC2086
-	lane main $1 &
-	pids+=($!)
-else
-	for l in "$@"; do
-		# shellcheck disable=SC2086
-		set -- $l
-		name=$1
+	set -- $l
+	name=$1
+	shift
+	if [ "$lanes" -eq 1 ]; then
+		lane "$name" "$@" & # one lane: its output as it is
+	else
 		(lane "$name" "$@" 2>&1 | tee ".build/test-$name.log" | sed -u "s/^/[$name] /") &
-		pids+=($!)
-	done
-fi
+	fi
+	pids+=($!)
+done
 status=0
 for p in "${pids[@]}"; do
 	wait "$p" || status=1
