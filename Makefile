@@ -56,7 +56,7 @@ dev: tools ## Start the local cloud and keep it up (prints the variables that po
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
 # parts that keep the CPUs busy. TEST_LANES="lint go-test ..." runs one lane.
-TEST_LANES ?= "cpu lint go-test infra-check trainer-contract" "localcloud localcloud-test"
+TEST_LANES ?= "cpu go-test trainer-contract" "localcloud lint infra-check localcloud-test"
 
 .PHONY: test
 test: tools $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
