@@ -188,7 +188,7 @@ func TestFinalize(t *testing.T) {
 			var errs []string
 			n := max(c.n, 1)
 			for i := range n {
-				errs = append(errs, errKind((&Handler{Deps: w.Deps}).Handle(w.Ctx, e)))
+				errs = append(errs, pipelinetest.ErrKind((&Handler{Deps: w.Deps}).Handle(w.Ctx, e)))
 				if i < n-1 && c.between != nil {
 					c.between(w)
 				}
@@ -224,7 +224,7 @@ func TestFinalize(t *testing.T) {
 			if got := w.Steps(w.Deps.Config.Topics.Provisioned); !slices.Equal(got, c.provisioned) {
 				t.Errorf("provisioned messages %q, want %q", got, c.provisioned)
 			}
-			if got := workers(t, w); got != c.workers {
+			if got := w.Workers(); got != c.workers {
 				t.Errorf("RayCluster workers %d, want %d (-1: no RayCluster)", got, c.workers)
 			}
 			l, err := w.Deps.Leases.Get(w.Ctx, "default", "gemma3-tuning")
@@ -251,32 +251,4 @@ func experiment(r *runs.Record) (bucket, prefix string) {
 
 func rayJob(name string) *rayv1.RayJob {
 	return &rayv1.RayJob{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"}}
-}
-
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return ""
-	case pipeline.IsPermanent(err):
-		return "permanent"
-	}
-	return "transient"
-}
-
-// workers is the RayCluster's worker replicas (and minReplicas, which
-// KubeRay clamps replicas up to), -1 without one.
-func workers(t *testing.T, w *pipelinetest.World) int32 {
-	t.Helper()
-	l, err := w.Ray.RayV1().RayClusters("default").List(w.Ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(l.Items) == 0 {
-		return -1
-	}
-	var n int32
-	for _, g := range l.Items[0].Spec.WorkerGroupSpecs {
-		n += max(*g.Replicas, *g.MinReplicas)
-	}
-	return n
 }

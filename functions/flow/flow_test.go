@@ -33,6 +33,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
+	"github.com/raydrop/raydrop/pkg/pipeline/pipelinetest"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 	"github.com/raydrop/raydrop/pkg/wiring"
@@ -172,13 +173,7 @@ func (w *world) Publish(_ context.Context, topic string, data []byte, attrs map[
 
 func (w *world) pubsubEvent(topic string, data []byte, attrs map[string]string) event.Event {
 	w.seq++
-	e := event.New()
-	e.SetID(fmt.Sprint(w.seq))
-	e.SetType(pipeline.PubSubPublished)
-	e.SetSource("//pubsub.googleapis.com/projects/p/topics/" + topic)
-	b, _ := json.Marshal(map[string]any{"message": map[string]any{"data": data, "attributes": attrs, "messageId": fmt.Sprint(w.seq)}, "subscription": "projects/p/subscriptions/" + topic})
-	_ = e.SetData("application/json", b)
-	return e
+	return pipelinetest.PubSubEvent(fmt.Sprint(w.seq), topic, data, attrs)
 }
 
 // publishes reports whether the wiring table lets f publish to topic.
@@ -259,22 +254,7 @@ func (w *world) drain() {
 
 func (w *world) upload(name, body string) event.Event {
 	w.t.Helper()
-	wr := w.gcs.Bucket(intake).Object(name).NewWriter(w.ctx)
-	if _, err := io.WriteString(wr, body); err != nil {
-		w.t.Fatal(err)
-	}
-	if err := wr.Close(); err != nil {
-		w.t.Fatal(err)
-	}
-	a := wr.Attrs()
-	e := event.New()
-	e.SetID(fmt.Sprintf("gcs-%d", a.Generation))
-	e.SetType(pipeline.StorageFinalized)
-	e.SetSource("//storage.googleapis.com/projects/_/buckets/" + intake)
-	e.SetSubject("objects/" + name)
-	b, _ := json.Marshal(map[string]any{"bucket": intake, "name": name, "generation": fmt.Sprint(a.Generation), "size": a.Size})
-	_ = e.SetData("application/json", b)
-	return e
+	return pipelinetest.Upload(w.t, w.gcs, intake, name, body)
 }
 
 // admit uploads a spec, delivers its intake event and drains the chain; it

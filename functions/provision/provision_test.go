@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
@@ -189,7 +188,7 @@ func TestProvision(t *testing.T) {
 			for i := range n {
 				e := next()
 				err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, e)
-				errs = append(errs, errKind(err))
+				errs = append(errs, pipelinetest.ErrKind(err))
 				if runID == "" {
 					runID = runOf(t, w, e)
 				}
@@ -234,16 +233,6 @@ func runOf(t *testing.T, w *pipelinetest.World, e event.Event) string {
 	return ""
 }
 
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return ""
-	case pipeline.IsPermanent(err):
-		return "permanent"
-	}
-	return "transient"
-}
-
 func checkWorld(t *testing.T, w *pipelinetest.World, runID string, want provisionWant) {
 	t.Helper()
 	r, err := w.Deps.Runs.Get(w.Ctx, runID)
@@ -279,24 +268,7 @@ func checkWorld(t *testing.T, w *pipelinetest.World, runID string, want provisio
 	if got := w.Steps(w.Deps.Config.Topics.Submitted); !slices.Equal(got, sub(want.submitted)) {
 		t.Errorf("submitted messages %q, want %q", got, sub(want.submitted))
 	}
-	if got := workers(t, w); got != want.workers {
+	if got := w.Workers(); got != want.workers {
 		t.Errorf("RayCluster workers %d, want %d (-1: no RayCluster)", got, want.workers)
 	}
-}
-
-// workers is the RayCluster's worker replicas, -1 without one.
-func workers(t *testing.T, w *pipelinetest.World) int32 {
-	t.Helper()
-	l, err := w.Ray.RayV1().RayClusters("default").List(w.Ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(l.Items) == 0 {
-		return -1
-	}
-	var n int32
-	for _, g := range l.Items[0].Spec.WorkerGroupSpecs {
-		n += *g.Replicas
-	}
-	return n
 }

@@ -172,7 +172,7 @@ func TestSubmit(t *testing.T) {
 			e := c.before(w)
 			var errs []string
 			for range max(c.n, 1) {
-				errs = append(errs, errKind((&Handler{Deps: w.Deps}).Handle(w.Ctx, e)))
+				errs = append(errs, pipelinetest.ErrKind((&Handler{Deps: w.Deps}).Handle(w.Ctx, e)))
 			}
 			if !slices.Equal(errs, c.errs) {
 				t.Errorf("deliveries answered %q, want %q", errs, c.errs)
@@ -215,14 +215,4 @@ func refuse(w *pipelinetest.World, n int, err error) {
 		n--
 		return true, nil, err
 	})
-}
-
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return ""
-	case pipeline.IsPermanent(err):
-		return "permanent"
-	}
-	return "transient"
 }

@@ -24,6 +24,7 @@ import (
 	"cloud.google.com/go/storage"
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayfake "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned/fake"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
@@ -256,11 +257,17 @@ func (w *World) StepEvent(topic string, s pipeline.Step) event.Event {
 // MessageEvent is the Pub/Sub delivery of a message on topic.
 func (w *World) MessageEvent(topic string, data []byte, attrs map[string]string) event.Event {
 	w.seq++
+	return PubSubEvent(fmt.Sprint(w.seq), topic, data, attrs)
+}
+
+// PubSubEvent is the Eventarc delivery of Pub/Sub message id on topic
+// (google.cloud.pubsub.topic.v1.messagePublished).
+func PubSubEvent(id, topic string, data []byte, attrs map[string]string) event.Event {
 	e := event.New()
-	e.SetID(fmt.Sprint(w.seq))
+	e.SetID(id)
 	e.SetType(pipeline.PubSubPublished)
 	e.SetSource("//pubsub.googleapis.com/projects/p/topics/" + topic)
-	b, _ := json.Marshal(map[string]any{"message": map[string]any{"data": data, "attributes": attrs, "messageId": fmt.Sprint(w.seq)}, "subscription": "projects/p/subscriptions/" + topic})
+	b, _ := json.Marshal(map[string]any{"message": map[string]any{"data": data, "attributes": attrs, "messageId": id}, "subscription": "projects/p/subscriptions/" + topic})
 	_ = e.SetData("application/json", b)
 	return e
 }
@@ -269,20 +276,58 @@ func (w *World) MessageEvent(topic string, data []byte, attrs map[string]string)
 // event.
 func (w *World) Upload(name, body string) event.Event {
 	w.T.Helper()
-	wr := w.GCS.Bucket(Intake).Object(name).NewWriter(w.Ctx)
+	return Upload(w.T, w.GCS, Intake, name, body)
+}
+
+// Upload writes an object to bucket and returns its finalized event
+// (google.cloud.storage.object.v1.finalized).
+func Upload(t testing.TB, gcs *storage.Client, bucket, name, body string) event.Event {
+	t.Helper()
+	wr := gcs.Bucket(bucket).Object(name).NewWriter(context.Background())
 	_, _ = io.WriteString(wr, body)
 	if err := wr.Close(); err != nil {
-		w.T.Fatal(err)
+		t.Fatal(err)
 	}
 	a := wr.Attrs()
 	e := event.New()
 	e.SetID(fmt.Sprintf("gcs-%d", a.Generation))
 	e.SetType(pipeline.StorageFinalized)
-	e.SetSource("//storage.googleapis.com/projects/_/buckets/" + Intake)
+	e.SetSource("//storage.googleapis.com/projects/_/buckets/" + bucket)
 	e.SetSubject("objects/" + name)
-	b, _ := json.Marshal(map[string]any{"bucket": Intake, "name": name, "generation": fmt.Sprint(a.Generation), "size": a.Size})
+	b, _ := json.Marshal(map[string]any{"bucket": bucket, "name": name, "generation": fmt.Sprint(a.Generation), "size": a.Size})
 	_ = e.SetData("application/json", b)
 	return e
+}
+
+// ErrKind is how the platform takes a handler's answer: "" (acknowledged),
+// "permanent" (acknowledged, logged as dropped) or "transient"
+// (redelivered).
+func ErrKind(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case pipeline.IsPermanent(err):
+		return "permanent"
+	}
+	return "transient"
+}
+
+// Workers is the worker replicas of the world's RayCluster (or its
+// minReplicas, which KubeRay clamps replicas up to), -1 without one.
+func (w *World) Workers() int32 {
+	w.T.Helper()
+	l, err := w.Ray.RayV1().RayClusters("default").List(w.Ctx, metav1.ListOptions{})
+	if err != nil {
+		w.T.Fatal(err)
+	}
+	if len(l.Items) == 0 {
+		return -1
+	}
+	var n int32
+	for _, g := range l.Items[0].Spec.WorkerGroupSpecs {
+		n += max(*g.Replicas, *g.MinReplicas)
+	}
+	return n
 }
 
 // Faulty is a run store whose calls fail where a test asks.
