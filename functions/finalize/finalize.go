@@ -27,6 +27,11 @@ type Handler struct{ Deps *pipeline.Deps }
 // Handle finalizes the run the message names.
 func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	d := h.Deps
+	if e.Type() == pipeline.PubSubPublished {
+		if step, err := pipeline.DecodeStep(e); err == nil && step.SweepID != "" {
+			return h.sweep(ctx, step.SweepID, "")
+		}
+	}
 	step, rec, err := d.StepRun(ctx, e)
 	if err != nil {
 		return err
@@ -34,6 +39,13 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if rec.Phase != runs.Finishing && !rec.Unannounced() {
 		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
+	}
+	if rec.Trial != nil && rec.Phase == runs.Finishing {
+		// The sweep's next trial queues on this trial's cluster before it
+		// is released, so the cluster is handed over with its workers up.
+		if err := h.sweep(ctx, rec.Trial.SweepID, rec.RunID); err != nil {
+			return err
+		}
 	}
 	// The cluster first: the job is over, so the next run need not wait
 	// for the results to be read. Then the record (unless an earlier
@@ -66,6 +78,10 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		// Another delivery is publishing one of the run's events: try
 		// again later, in case it dies before it has.
 		return fmt.Errorf("run %s: another delivery is announcing one of its events", rec.RunID)
+	}
+	if rec.Trial != nil {
+		// The sweep notes how the trial ended, and ends once its last has.
+		return h.sweep(ctx, rec.Trial.SweepID, "")
 	}
 	return nil
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/pipeline/pipelinetest"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
@@ -100,7 +101,7 @@ func newWorld(t *testing.T) *world {
 	clock := func() time.Time { return w.now }
 	b := w.gcs.Bucket(cfg.StateBucket)
 	w.deps = &pipeline.Deps{
-		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.gcs},
+		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Sweeps: &sweeps.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.gcs},
 		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: w.kube.CoreV1(),
 		Clock: clock,
 	}

@@ -40,7 +40,10 @@ type Observation struct {
 	// has written nothing; read only for a CHECKING run, whose Job is the
 	// check's RayJob.
 	Check *checkpoints.DataCheck
-	Now   time.Time
+	// EarlyStop, for a sweep's running trial, is why its sweep's median
+	// rule stops it; "" when it goes on.
+	EarlyStop string
+	Now       time.Time
 }
 
 // Action is what a check does about a run.
@@ -112,7 +115,7 @@ func Decide(o Observation) (Decision, error) {
 		if o.Sweep && stale {
 			return Decision{Action: Resend, Topic: wiring.TopicFinished}, nil
 		}
-	case runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected:
+	case runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected, runs.Stopped:
 		// The sweep lists an ended run only while it is unannounced: the
 		// delivery that ended it died before its event went out. Finalize
 		// finishes what it left.
@@ -170,6 +173,10 @@ func decideJob(o Observation) (Decision, error) {
 		}
 		// The training code failed: no retry can fix that.
 		return fail(runs.ApplicationError, false, "training failed: %s", firstLine(o.Mark.Error)), nil
+	}
+	if o.EarlyStop != "" {
+		// Its checkpoints are kept; it ends STOPPED, not as a failure.
+		return Decision{Action: Finish, DeleteJob: true, Ending: runs.Ending{Outcome: runs.OutcomeStopped, Reason: runs.EarlyStopped, Message: "stopped early: " + o.EarlyStop}}, nil
 	}
 	jobName := names.RayJob(r.RunID, r.Attempt)
 	if o.Job == nil {

@@ -107,10 +107,13 @@ func TestDecide(t *testing.T) {
 		{"running, job failed, no retry left", Observation{Run: rec(runs.Running, attempt2), Job: job(rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed), Now: soon}, Finish, runs.InfrastructureFailure, "", false},
 		{"running, job lost, no retry left", Observation{Run: rec(runs.Running, attempt2), Sweep: true, Now: soon}, Finish, runs.InfrastructureFailure, "", false},
 		{"running, job refused", Observation{Run: rec(runs.Running), Job: job(rayv1.JobDeploymentStatusValidationFailed, ""), Now: soon}, Finish, runs.InvalidJob, "", false},
+		{"running trial, stopped early", Observation{Run: rec(runs.Running), Job: running, EarlyStop: "held-out loss 2.6 at checkpoint 1 is worse than the median 2", Now: soon}, Finish, runs.EarlyStopped, "", true},
+		{"running trial, stopped early after its mark said succeeded", Observation{Run: rec(runs.Running), Job: running, Mark: &checkpoints.Mark{Status: "succeeded"}, EarlyStop: "worse", Now: soon}, Succeed, "", "", false},
+		{"running trial, cancelled while it trails", Observation{Run: rec(runs.Running, cancelled), Job: running, EarlyStop: "worse", Now: soon}, Finish, runs.ReasonCancelled, "", true},
 		{"finishing, fresh", Observation{Run: rec(runs.Finishing), Sweep: true, Now: soon}, Wait, "", "", false},
 		{"finishing, stale, sweep", Observation{Run: rec(runs.Finishing), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 	}
-	for _, p := range []runs.Phase{runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected} {
+	for _, p := range []runs.Phase{runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected, runs.Stopped} {
 		cases = append(cases,
 			decideCase{string(p) + ", unannounced, stale", Observation{Run: rec(p), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 			decideCase{string(p) + ", announced", Observation{Run: rec(p, announced), Sweep: true, Now: stale}, Wait, "", "", false},

@@ -1,9 +1,12 @@
 package monitor
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -22,3 +25,27 @@ func firstLine(s string) string {
 	}
 	return s
 }
+
+// resend sends a stalled step's message again. It first touches the record
+// (its UpdatedAt), so the step counts as stale again only a full StaleStep
+// later: however often ticks come, a stalled step is resent once per
+// StaleStep, never in a storm that buries the message behind its copies.
+// The same write claims the events the stalled delivery did not publish.
+func (h *Handler) resend(ctx context.Context, rec *runs.Record, topic string) error {
+	phase, attempt := rec.Phase, rec.Attempt
+	if _, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
+		if r.Phase != phase || r.Attempt != attempt {
+			return errMoved
+		}
+		return nil
+	}); errors.Is(err, errMoved) {
+		return nil // the step went on meanwhile
+	} else if err != nil {
+		return err
+	}
+	h.Deps.Log.Warn("step_resent", "run_id", rec.RunID, "phase", phase, "topic", topic)
+	return h.Deps.Send(ctx, h.Deps.Config.Topics.Name(topic), pipeline.Step{RunID: rec.RunID, Attempt: attempt})
+}
+
+// errMoved says a record left the phase a resend was for.
+var errMoved = errors.New("the run moved on")

@@ -11,7 +11,6 @@ package monitor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/cloudevents/sdk-go/v2/event"
@@ -44,6 +43,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		step, err := pipeline.DecodeStep(e)
 		if err != nil {
 			return err
+		}
+		if step.SweepID != "" {
+			return h.advanceSweep(ctx, step.SweepID)
 		}
 		return h.check(ctx, step.RunID, nil)
 	}
@@ -116,6 +118,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		}
 		if refused != "" {
 			o.Workers.Pending = refused
+		}
+		if o.EarlyStop, err = h.earlyStop(ctx, rec, files); err != nil {
+			return err
 		}
 	}
 	if rec.Phase == runs.Checking && rec.Spec != nil {
@@ -224,27 +229,3 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 	h.Deps.Log.Warn("attempt_retried", "run_id", rec.RunID, "attempt", rec.Attempt, "reason", why, "resume_from", resume)
 	return h.Deps.StartAttempt(ctx, rec.RunID, rec.Attempt+1, resume, why)
 }
-
-// resend sends a stalled step's message again. It first touches the record
-// (its UpdatedAt), so the step counts as stale again only a full StaleStep
-// later: however often ticks come, a stalled step is resent once per
-// StaleStep, never in a storm that buries the message behind its copies.
-// The same write claims the events the stalled delivery did not publish.
-func (h *Handler) resend(ctx context.Context, rec *runs.Record, topic string) error {
-	phase, attempt := rec.Phase, rec.Attempt
-	if _, err := h.Deps.Advance(ctx, rec.RunID, func(r *runs.Record) error {
-		if r.Phase != phase || r.Attempt != attempt {
-			return errMoved
-		}
-		return nil
-	}); errors.Is(err, errMoved) {
-		return nil // the step went on meanwhile
-	} else if err != nil {
-		return err
-	}
-	h.Deps.Log.Warn("step_resent", "run_id", rec.RunID, "phase", phase, "topic", topic)
-	return h.Deps.Send(ctx, h.Deps.Config.Topics.Name(topic), pipeline.Step{RunID: rec.RunID, Attempt: attempt})
-}
-
-// errMoved says a record left the phase a resend was for.
-var errMoved = errors.New("the run moved on")

@@ -71,6 +71,7 @@ func (h *Handler) Sweep(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, h.checkAll(ctx, todo, &listing{jobs: jobs, workers: workers, lost: lost})...)
+	errs = append(errs, h.advanceSweeps(ctx)...)
 	errs = append(errs, h.releaseOrphans(ctx, known, queued)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
 // Handler handles intake events.
@@ -176,7 +177,16 @@ func (h *Handler) cancel(ctx context.Context, runID, from string) error {
 	if spec.CheckRunID(runID) != "" {
 		return pipeline.Permanent(fmt.Errorf("cancellation from %s names no valid run id (%q)", from, runID))
 	}
-	rec, err := d.GetRun(ctx, runID)
+	rec, err := d.Runs.Get(ctx, runID)
+	if errors.Is(err, runs.ErrNotFound) {
+		// Not a run: a sweep's ID cancels every trial of the sweep.
+		switch err := d.CancelSweep(ctx, runID, from); {
+		case errors.Is(err, sweeps.ErrNotFound):
+			return pipeline.Permanent(fmt.Errorf("cancellation from %s: no run or sweep %s", from, runID))
+		default:
+			return err
+		}
+	}
 	if err != nil {
 		return err
 	}

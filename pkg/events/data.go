@@ -13,6 +13,9 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 		RunID: r.RunID, Name: r.Name, Source: r.Source, SpecHash: r.SpecHash,
 		Phase: p.Event(), Problems: r.Problems, Attempt: r.Attempt, Cluster: r.Cluster,
 	}
+	if t := r.Trial; t != nil {
+		d.Trial = &TrialRef{SweepID: t.SweepID, Index: t.Index, Params: t.Params}
+	}
 	if p == r.Phase || p.Terminal() {
 		d.Reason, d.Message = r.Reason, r.Message
 	}

@@ -65,6 +65,8 @@ type Run struct {
 	Problems []spec.Problem `json:"problems,omitempty"`
 	Attempt  int            `json:"attempt,omitempty"`
 	Cluster  string         `json:"cluster,omitempty"`
+	// Trial names the sweep the run is a trial of.
+	Trial *TrialRef `json:"trial,omitempty"`
 	// Capacity is where the attempt's GPU workers came from (running and
 	// terminal events).
 	Capacity *Capacity `json:"capacity,omitempty"`

@@ -40,6 +40,9 @@ func TestSchemasUpToDate(t *testing.T) {
 	for _, p := range events.Phases {
 		files[schemaPath(p)] = events.Schema(p)
 	}
+	for _, p := range events.SweepPhases {
+		files["../../schemas/events/"+events.SweepType(p)+".json"] = events.SweepSchema(p)
+	}
 	for path, got := range files {
 		if *update {
 			if err := os.WriteFile(path, got, 0o644); err != nil {
@@ -63,6 +66,9 @@ func TestEnvelopeSchema(t *testing.T) {
 	docs := map[string][]byte{events.EnvelopeID: events.EnvelopeSchema()}
 	for _, p := range events.Phases {
 		docs[events.SchemaID(p)] = events.Schema(p)
+	}
+	for _, p := range events.SweepPhases {
+		docs[events.SweepSchemaID(p)] = events.SweepSchema(p)
 	}
 	for id, doc := range docs {
 		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"sort"
+	"strings"
 
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
+
+// runIDPattern is a run (or sweep) ID: names.MaxRunIDLength characters.
+const runIDPattern = "^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 
 // SchemaID is the $id of the schema of a phase's event data.
 func SchemaID(phase string) string {
@@ -35,7 +39,19 @@ func Schema(phase string) []byte {
 	}
 	str := map[string]any{"type": "string"}
 	props := map[string]any{
-		"runId":    map[string]any{"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"},
+		"runId": map[string]any{"type": "string", "pattern": runIDPattern},
+		"trial": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"sweepId", "index", "params"},
+			"description": "the sweep the run is a trial of: its ID, the trial's number, the values of the sweep's parameters",
+			"properties": map[string]any{
+				"sweepId": map[string]any{"type": "string", "pattern": runIDPattern},
+				"index":   map[string]any{"type": "integer", "minimum": 1, "maximum": spec.MaxTrials},
+				"params": map[string]any{"type": "array", "items": map[string]any{
+					"type": "object", "additionalProperties": false, "required": []string{"path", "value"},
+					"properties": map[string]any{"path": map[string]any{"enum": spec.SweepPaths()}, "value": map[string]any{"type": []string{"number", "string", "boolean"}}},
+				}},
+			},
+		},
 		"name":     str,
 		"source":   str,
 		"specHash": str,
@@ -100,7 +116,7 @@ func Schema(phase string) []byte {
 	case "succeeded":
 		required = append(required, "checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "attempt")
 		props["checkpoints"].(map[string]any)["minItems"] = 1
-	case "failed", "cancelled", "rejected", "queued":
+	case "failed", "cancelled", "rejected", "queued", "stopped":
 		required = append(required, "reason", "message")
 	}
 	s := map[string]any{
@@ -124,29 +140,36 @@ const EnvelopeID = "https://raydrop.dev/schemas/events/cloudevent.json"
 // context attributes raydrop sets and, by type, the data's own schema.
 // https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/formats/json-format.md
 func EnvelopeSchema() []byte {
-	types := make([]string, 0, len(Phases))
+	var types []string
 	var byType []any
-	for _, p := range Phases {
-		types = append(types, Type(p))
+	add := func(typ string) {
+		types = append(types, typ)
 		byType = append(byType, map[string]any{
-			"if":   map[string]any{"properties": map[string]any{"type": map[string]any{"const": Type(p)}}},
-			"then": map[string]any{"properties": map[string]any{"data": map[string]any{"$ref": Type(p) + ".json"}}},
+			"if":   map[string]any{"properties": map[string]any{"type": map[string]any{"const": typ}}},
+			"then": map[string]any{"properties": map[string]any{"data": map[string]any{"$ref": typ + ".json"}}},
 		})
 	}
+	for _, p := range Phases {
+		add(Type(p))
+	}
+	for _, p := range SweepPhases {
+		add(SweepType(p))
+	}
+	id := strings.Trim(runIDPattern, "^$")
 	str := map[string]any{"type": "string", "minLength": 1}
 	s := map[string]any{
 		"$schema":     "https://json-schema.org/draft/2020-12/schema",
 		"$id":         EnvelopeID,
-		"title":       "a raydrop run event as a structured-mode CloudEvent (CloudEvents 1.0, JSON format)",
+		"title":       "a raydrop run or sweep event as a structured-mode CloudEvent (CloudEvents 1.0, JSON format)",
 		"description": "Extension attributes other than those listed may appear; consumers ignore them.",
 		"type":        "object",
 		"required":    []string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"},
 		"properties": map[string]any{
 			"specversion":     map[string]any{"const": "1.0"},
-			"id":              map[string]any{"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?/[a-z]+$", "description": "<run ID>/<phase>: the same for a redelivered copy"},
+			"id":              map[string]any{"type": "string", "pattern": "^" + id + "/[a-z]+$", "description": "<run or sweep ID>/<phase>: the same for a redelivered copy"},
 			"source":          str,
 			"type":            map[string]any{"enum": types},
-			"subject":         map[string]any{"type": "string", "pattern": "^" + SubjectPrefix + "[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"},
+			"subject":         map[string]any{"type": "string", "pattern": "^(" + SubjectPrefix + "|" + SweepSubjectPrefix + ")" + id + "$"},
 			"time":            map[string]any{"type": "string", "format": "date-time"},
 			"datacontenttype": map[string]any{"const": "application/json"},
 			"data":            map[string]any{"type": "object"},

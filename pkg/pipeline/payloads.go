@@ -86,8 +86,14 @@ func DecodeStep(e event.Event) (Step, error) {
 		return Step{}, err
 	}
 	var s Step
-	if err := json.Unmarshal(m.Message.Data, &s); err != nil || s.RunID == "" || s.Attempt < 0 {
-		return s, Permanent(fmt.Errorf("message %s is not a step message (want {\"runId\", \"attempt\" >= 0}): %q", m.Message.MessageID, truncate(m.Message.Data, 200)))
+	if err := json.Unmarshal(m.Message.Data, &s); err != nil || (s.RunID == "") == (s.SweepID == "") || s.Attempt < 0 {
+		return s, Permanent(fmt.Errorf("message %s is not a step message (want {\"runId\", \"attempt\" >= 0} or {\"sweepId\"}): %q", m.Message.MessageID, truncate(m.Message.Data, 200)))
+	}
+	if s.SweepID != "" {
+		if msg := spec.CheckRunID(s.SweepID); msg != "" {
+			return s, Permanent(fmt.Errorf("message %s names no valid sweep: sweepId %s", m.Message.MessageID, msg))
+		}
+		return s, nil
 	}
 	if msg := spec.CheckRunID(s.RunID); msg != "" {
 		return s, Permanent(fmt.Errorf("message %s names no valid run: runId %s", m.Message.MessageID, msg))

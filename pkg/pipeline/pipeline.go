@@ -49,6 +49,7 @@ type Publisher interface {
 type Deps struct {
 	Config    config.Config
 	Runs      Runs
+	Sweeps    SweepStore
 	Objects   Objects
 	Publisher Publisher
 	// Bus, when the deployment names a message bus (Config.EventBus),
@@ -75,8 +76,11 @@ func (d *Deps) Time() time.Time { return d.Clock.Now() }
 // (ACCEPTED or QUEUED), or a rejected one, still goes through finalize, which
 // ends it, takes it off its cluster's queue and announces it.
 type Step struct {
-	RunID   string `json:"runId"`
+	RunID   string `json:"runId,omitempty"`
 	Attempt int    `json:"attempt"`
+	// SweepID, instead of a run, names a sweep to advance: the monitor
+	// moves it on (a cancellation), finalize ends it once its trials have.
+	SweepID string `json:"sweepId,omitempty"`
 	// Published names the events the sender claimed, and published before
 	// sending this message, without recording them published: the
 	// receiver records them in its first write, which saves the sender a
@@ -87,8 +91,12 @@ type Step struct {
 // Send publishes a step message to topic.
 func (d *Deps) Send(ctx context.Context, topic string, s Step) error {
 	b, _ := json.Marshal(s)
-	if err := d.Publisher.Publish(ctx, topic, b, map[string]string{"runId": s.RunID}); err != nil {
-		return fmt.Errorf("publish %s for run %s: %w", topic, s.RunID, err)
+	attrs := map[string]string{"runId": s.RunID}
+	if s.SweepID != "" {
+		attrs = map[string]string{"sweepId": s.SweepID}
+	}
+	if err := d.Publisher.Publish(ctx, topic, b, attrs); err != nil {
+		return fmt.Errorf("publish %s for run %s%s: %w", topic, s.RunID, s.SweepID, err)
 	}
 	return nil
 }

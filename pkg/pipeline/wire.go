@@ -32,6 +32,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/logging"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
 // NewDeps builds the production dependencies from the environment: the
@@ -72,6 +73,7 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	return &Deps{
 		Config:      cfg,
 		Runs:        &runs.Store{Bucket: bucket},
+		Sweeps:      &sweeps.Store{Bucket: bucket},
 		Objects:     &gcp.GCS{Client: gcs},
 		Publisher:   &gcp.PubSub{Client: ps},
 		Bus:         bus,

@@ -31,6 +31,7 @@ const (
 	Succeeded   Phase = "SUCCEEDED"
 	Failed      Phase = "FAILED"
 	Cancelled   Phase = "CANCELLED"
+	Stopped     Phase = "STOPPED" // a sweep's trial its early stopping rule ended: not a failure
 )
 
 // phaseInfo is what the pipeline knows about a phase.
@@ -45,7 +46,8 @@ type phaseInfo struct {
 }
 
 // phases lists every phase in the order a run meets them (a rejected run
-// meets only REJECTED; a run ends in one of the last three).
+// meets only REJECTED; a run ends in one of the last four, STOPPED only a
+// sweep's trial).
 var phases = []struct {
 	Phase
 	phaseInfo
@@ -61,6 +63,7 @@ var phases = []struct {
 	{Succeeded, phaseInfo{event: true, terminal: true}},
 	{Failed, phaseInfo{event: true, terminal: true}},
 	{Cancelled, phaseInfo{event: true, terminal: true}},
+	{Stopped, phaseInfo{event: true, terminal: true}},
 }
 
 // Phases returns every phase, in the order a run meets them.
@@ -385,7 +388,7 @@ func (r *Record) MarkEnded(res *checkpoints.Result, unreadable error, now time.T
 	if err := r.allow(ToEnded); err != nil {
 		return err
 	}
-	p, ok := map[Outcome]Phase{OutcomeSucceeded: Succeeded, OutcomeFailed: Failed, OutcomeCancelled: Cancelled}[r.Outcome]
+	p, ok := map[Outcome]Phase{OutcomeSucceeded: Succeeded, OutcomeFailed: Failed, OutcomeCancelled: Cancelled, OutcomeStopped: Stopped}[r.Outcome]
 	if !ok {
 		return r.refuse(ToEnded, "outcome %q is not one the run can end with", r.Outcome)
 	}

@@ -95,7 +95,8 @@ func TestTransitions(t *testing.T) {
 // other phase can be ended (cancelled or failed) or is FINISHING; every
 // phase is met by a run (a transition lands there, or a record starts there).
 func TestLifecycleShape(t *testing.T) {
-	reached := map[Phase]bool{Accepted: true, Rejected: true, Failed: true, Cancelled: true}
+	// MarkEnded lands in the phase of the ending decided (TestEndingsLand).
+	reached := map[Phase]bool{Accepted: true, Rejected: true, Failed: true, Cancelled: true, Stopped: true}
 	for tr, to := range lands {
 		reached[to] = true
 		for _, p := range Transitions()[tr] {
@@ -248,5 +249,27 @@ func TestDataCheckBeforeTheFirstAttempt(t *testing.T) {
 	}
 	if err := r.MarkProvisioned(Attempt{N: 1, RayJob: "r-1"}, "", t0); err != nil || r.Phase != Provisioned || !r.Check.Result.OK {
 		t.Errorf("attempt 1 after the check: %v, %+v", err, r)
+	}
+}
+
+// TestEndingsLand: a finishing run ends in the phase of its outcome; a
+// stopped trial keeps what it found, and one whose results cannot be read
+// fails as any run would.
+func TestEndingsLand(t *testing.T) {
+	res := &checkpoints.Result{Latest: &checkpoints.Checkpoint{URI: "gs://b/c"}}
+	for outcome, want := range map[Outcome]Phase{OutcomeSucceeded: Succeeded, OutcomeFailed: Failed, OutcomeCancelled: Cancelled, OutcomeStopped: Stopped} {
+		r := inPhase(Running)
+		e := Ending{Outcome: outcome, Reason: map[Outcome]Reason{OutcomeFailed: ApplicationError, OutcomeCancelled: ReasonCancelled, OutcomeStopped: EarlyStopped}[outcome]}
+		if err := r.MarkFinishing(r.Attempt, e, t0); err != nil {
+			t.Fatalf("%s: %v", outcome, err)
+		}
+		if err := r.MarkEnded(res, nil, t0); err != nil || r.Phase != want {
+			t.Errorf("%s ends %s (%v), want %s", outcome, r.Phase, err, want)
+		}
+	}
+	r := inPhase(Running)
+	_ = r.MarkFinishing(r.Attempt, Ending{Outcome: OutcomeStopped, Reason: EarlyStopped}, t0)
+	if err := r.MarkEnded(res, errors.New("403"), t0); err != nil || r.Phase != Failed || r.Reason != CheckpointsUnreadable {
+		t.Errorf("a stopped trial with unreadable results ends %s (%s), %v", r.Phase, r.Reason, err)
 	}
 }

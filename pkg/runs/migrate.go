@@ -13,7 +13,7 @@ import (
 
 // StatePrefixes are the folders of the pipeline's state: run records and
 // cluster leases.
-var StatePrefixes = []string{Prefix, "clusters/"}
+var StatePrefixes = []string{Prefix, "clusters/", "sweeps/"}
 
 // MigrateState copies the state objects (StatePrefixes) of a deployment
 // made before the state bucket existed from its intake bucket to the state

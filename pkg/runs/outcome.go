@@ -5,12 +5,14 @@ import "fmt"
 // Outcome is how a run, or one of its attempts, ended.
 type Outcome string
 
-// The outcomes. A run ends succeeded, failed or cancelled; an attempt also
-// ends retried when the next attempt replaced it.
+// The outcomes. A run ends succeeded, failed or cancelled, a sweep's trial
+// also stopped (early stopping); an attempt also ends retried when the
+// next attempt replaced it.
 const (
 	OutcomeSucceeded Outcome = "succeeded"
 	OutcomeFailed    Outcome = "failed"
 	OutcomeCancelled Outcome = "cancelled"
+	OutcomeStopped   Outcome = "stopped"
 	OutcomeRetried   Outcome = "retried"
 )
 
@@ -35,6 +37,7 @@ const (
 	InvalidData           Reason = "InvalidData"
 	InvalidModel          Reason = "InvalidModel"
 	DataCheckFailed       Reason = "DataCheckFailed"
+	EarlyStopped          Reason = "EarlyStopped"
 )
 
 var reasons = []struct {
@@ -54,6 +57,7 @@ var reasons = []struct {
 	{InvalidData, "failed: the data check found data the run cannot train on (the message names the file, row and column); no GPU worker was asked for"},
 	{InvalidModel, "failed: the data check found a model the trainer cannot fine-tune (not a Gemma 3 vision model); no GPU worker was asked for"},
 	{DataCheckFailed, "failed: the data check ended without a verdict (its RayJob failed or was lost), or did not end within limits.startDeadline"},
+	{EarlyStopped, "stopped: the sweep's early stopping rule stopped the trial (its held-out loss at a checkpoint trailed the median of the other trials' at the same checkpoint); its checkpoints are kept"},
 	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},
 }
 
@@ -78,11 +82,11 @@ func (e Ending) Check() error {
 	switch e.Outcome {
 	case OutcomeSucceeded:
 		return nil
-	case OutcomeFailed, OutcomeCancelled:
+	case OutcomeFailed, OutcomeCancelled, OutcomeStopped:
 		if _, ok := Reasons()[e.Reason]; !ok {
 			return fmt.Errorf("a %s run needs a known reason, not %q", e.Outcome, e.Reason)
 		}
 		return nil
 	}
-	return fmt.Errorf("outcome %q is not succeeded, failed or cancelled", e.Outcome)
+	return fmt.Errorf("outcome %q is not succeeded, failed, cancelled or stopped", e.Outcome)
 }

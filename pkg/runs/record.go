@@ -30,9 +30,11 @@ type Record struct {
 	Message  string         `json:"message,omitempty"`
 	Problems []spec.Problem `json:"problems,omitempty"`
 
-	Spec      *spec.JobSpec `json:"spec,omitempty"`
-	Cluster   string        `json:"cluster,omitempty"`
-	Namespace string        `json:"namespace,omitempty"`
+	Spec *spec.JobSpec `json:"spec,omitempty"`
+	// Trial is the sweep the run is a trial of, nil for a run of its own.
+	Trial     *TrialOf `json:"trial,omitempty"`
+	Cluster   string   `json:"cluster,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
 
 	Attempt  int       `json:"attempt"`
 	Attempts []Attempt `json:"attempts,omitempty"`
@@ -65,6 +67,14 @@ type Record struct {
 	History   []Entry             `json:"history,omitempty"`
 	CreatedAt time.Time           `json:"createdAt"`
 	UpdatedAt time.Time           `json:"updatedAt"`
+}
+
+// TrialOf names the sweep a run is a trial of: its ID, the trial's
+// number, and the values of the sweep's parameters in its spec.
+type TrialOf struct {
+	SweepID string            `json:"sweepId"`
+	Index   int               `json:"index"`
+	Params  []spec.ParamValue `json:"params"`
 }
 
 // DataCheck is the run's data check: trainer/datacheck.py in a RayJob on

@@ -335,7 +335,7 @@ func findSecrets(v reflect.Value, path string) Problems {
 					ps = append(ps, Problem{Path: indexPath(p, i), Message: "looks like a Hugging Face token (tokens belong in the Secret named by cluster.hfSecret, never in a spec)"})
 				}
 			}
-		case f.typ.Kind() == reflect.Slice:
+		case f.typ.Kind() == reflect.Slice && f.typ.Elem().Kind() == reflect.Struct:
 			for i := 0; i < fv.Len(); i++ {
 				ps = append(ps, findSecrets(fv.Index(i), indexPath(p, i))...)
 			}

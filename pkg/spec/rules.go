@@ -180,6 +180,9 @@ func validateStruct(v reflect.Value, path string, ps *Problems) {
 					}
 					continue
 				}
+				if f.typ.Elem().Kind() == reflect.Float64 {
+					continue // a list of numbers: its count rules only
+				}
 				validateStruct(fv.Index(i), indexPath(p, i), ps)
 			}
 			continue
@@ -335,6 +338,7 @@ func (s *JobSpec) crossChecks() Problems {
 	}
 	ps = append(ps, s.datasetChecks()...)
 	ps = append(ps, s.storageChecks()...)
+	ps = append(ps, s.sweepChecks()...)
 	return append(ps, s.capacityChecks()...)
 }
 

@@ -64,12 +64,15 @@ func fieldSchema(f field, def reflect.Value) map[string]any {
 		s = structSchema(f.typ, def)
 	case f.typ.Kind() == reflect.Slice:
 		var item map[string]any
-		if f.typ.Elem().Kind() == reflect.String {
+		switch f.typ.Elem().Kind() {
+		case reflect.String:
 			item = map[string]any{"type": "string", "minLength": 1}
 			if k, ok := kinds[r.kind]; ok {
 				item["pattern"] = k.pattern
 			}
-		} else {
+		case reflect.Float64:
+			item = map[string]any{"type": "number"}
+		default:
 			item = structSchema(f.typ.Elem(), reflect.New(f.typ.Elem()).Elem())
 			for _, fs := range item["properties"].(map[string]any) {
 				delete(fs.(map[string]any), "default") // an item's fields have no defaults of their own

@@ -44,6 +44,7 @@ type JobSpec struct {
 	Cluster  Cluster  `json:"cluster" doc:"The KubeRay RayCluster the job runs on."`
 	Output   Output   `json:"output" doc:"Where checkpoints are written."`
 	Limits   Limits   `json:"limits" doc:"Deadlines and retries."`
+	Sweep    Sweep    `json:"sweep,omitzero" doc:"A search over the spec's fields: one trial run per combination (grid) or draw (random), ranked by held-out loss, with optional early stopping. Left out: one run."`
 }
 
 // Model selects the base model and how it is loaded.
@@ -296,6 +297,7 @@ func Defaults() JobSpec {
 			Capacity: []Tier{{Type: TierReservation}},
 		},
 		Output: Output{Prefix: "raydrop"},
+		Sweep:  Sweep{Search: SearchGrid, EarlyStopping: EarlyStopping{Rule: StopNone, MinTrials: 3}},
 		Limits: Limits{
 			Deadline:      Duration(24 * hour),
 			StartDeadline: Duration(30 * minute),

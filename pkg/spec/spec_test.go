@@ -260,6 +260,7 @@ func TestSchemaAgreesWithValidator(t *testing.T) {
 		"duplicate-keys.json": true, "hf-repo-double-dash.json": true, "bad-durations.json": true,
 		"bad-images.json": true, "bad-quantities.json": true, "capacity-tiers.json": true, "capacity-flex-start-gb200.json": true,
 		"scratch-too-big.json": true, "scratch-default-too-big.json": true,
+		"sweep-grid-too-big.json": true, "sweep-invalid-trials.json": true, "sweep-random.json": true, "sweep-without-parameters.json": true,
 	}
 	bad, _ := filepath.Glob("testdata/bad/*.json")
 	for _, f := range bad {

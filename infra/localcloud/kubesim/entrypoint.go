@@ -34,6 +34,7 @@ type trainerArgs struct {
 	targetModules string
 	visionTower   bool
 	loggingSteps  int
+	seed          int
 	maxSeqLength  int
 	// maxDroppedShare is the largest share of rows the length filter may
 	// leave out before the trainer refuses to train.
@@ -124,6 +125,7 @@ func parseEntrypoint(entrypoint string) (*trainerArgs, error) {
 	a.targetModules = str("lora-target-modules", "all-linear")
 	a.visionTower = str("lora-vision-tower", "false") == "true"
 	a.loggingSteps = num("logging-steps", 10)
+	a.seed = num("seed", 42)
 	a.maxSeqLength = num("max-seq-length", td.MaxSeqLength)
 	a.maxDroppedShare = flt("max-dropped-share", td.MaxDroppedShare)
 	a.evalShare = flt("eval-share", 0.05)

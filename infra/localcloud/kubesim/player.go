@@ -480,6 +480,39 @@ func (t *trainer) reclaimed(ctx context.Context, step, total int, inSave bool) (
 	return t.fail(ctx, msg, step)
 }
 
+// curve is how the simulated losses fall for the job's hyper-parameters,
+// so that a sweep's trials differ as real ones would and its ranking and
+// early stopping have something to act on: the loss falls towards a floor
+// that rises as the learning rate moves away from 2e-4 (on a log scale)
+// and the LoRA rank from 16, a higher learning rate falls faster, and the
+// seed adds a small, fixed offset. The spec's defaults (2e-4, rank 16,
+// seed 42) give the curve the local cloud has always played.
+type curve struct{ floor, scale, offset float64 }
+
+func (t *trainer) curve() curve {
+	a := t.a
+	lr, r := a.learningRate, float64(max(a.loraR, 1))
+	if lr <= 0 {
+		lr = 2e-4
+	}
+	dl, dr := math.Log10(lr/2e-4), math.Log2(r/16)
+	return curve{
+		floor:  0.25*dl*dl + 0.04*dr*dr,
+		scale:  math.Pow(2e-4/lr, 0.3),
+		offset: 0.01 * math.Sin(float64(a.seed-42)*1.7),
+	}
+}
+
+// loss is the training loss at step; evalLoss the held-out loss, a little
+// above it.
+func (c curve) loss(step int) float64 {
+	return round(0.35+c.floor+c.offset+2.4*math.Exp(-float64(step)/(12*c.scale)), 4)
+}
+
+func (c curve) evalLoss(step int) float64 {
+	return round(0.45+c.floor+c.offset+2.2*math.Exp(-float64(step)/(10*c.scale)), 4)
+}
+
 // metrics of one optimizer step: the loss falls with the global step.
 func (t *trainer) metrics(step, total int) map[string]any {
 	a := t.a
@@ -490,7 +523,7 @@ func (t *trainer) metrics(step, total int) map[string]any {
 		lr = a.learningRate * float64(step) / float64(warm)
 	}
 	m := map[string]any{
-		"loss":                round(0.35+2.4*math.Exp(-float64(step)/12), 4),
+		"loss":                t.curve().loss(step),
 		"grad_norm":           0.4 + 2.0*math.Exp(-float64(step)/8),
 		"learning_rate":       lr,
 		"num_tokens":          done * perStep * 413,
@@ -564,7 +597,7 @@ func (t *trainer) step(ctx context.Context, step, total int) error {
 		if t.evalRows > 0 {
 			// The evaluation the trainer runs on the held-out rows before it
 			// reports a checkpoint: a loss a little above training's.
-			m["eval_loss"] = round(0.45+2.2*math.Exp(-float64(step)/10), 4)
+			m["eval_loss"] = t.curve().evalLoss(step)
 			m["eval_tokens"] = float64(t.evalRows * 40)
 			m["eval_runtime"] = 0.5
 		}

@@ -241,7 +241,7 @@ func WaitPhase(ctx context.Context, st *stack.Stack, runID string, limit time.Du
 }
 
 // Ended are the terminal phases.
-var Ended = []runs.Phase{runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected}
+var Ended = []runs.Phase{runs.Succeeded, runs.Failed, runs.Cancelled, runs.Rejected, runs.Stopped}
 
 // Workers counts a cluster's worker pods.
 func Workers(ctx context.Context, kube kubernetes.Interface, cluster string) (int, error) {

@@ -30,12 +30,14 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
 // The world's buckets.
@@ -85,6 +87,9 @@ func (m Message) Step() pipeline.Step {
 // New is a world at T0 with no run, lease or cluster.
 func New(t testing.TB) *World {
 	t.Helper()
+	// The stores' pacing of writes to one object (Cloud Storage's rate
+	// of about one a second) only slows a table down.
+	gcsdoc.WriteInterval = 0
 	w := &World{T: t, Ctx: context.Background(), Now: T0, GCS: gcstest.New(t, Intake, State, Output, Data),
 		Ray: rayfake.NewSimpleClientset(), Kube: kubefake.NewClientset(), publishFails: map[string][]error{}}
 	cfg, err := config.Parse([]string{
@@ -102,7 +107,7 @@ func New(t testing.TB) *World {
 		out = os.Stderr
 	}
 	w.Deps = &pipeline.Deps{
-		Config: cfg, Runs: w.Runs, Objects: &gcp.GCS{Client: w.GCS}, Publisher: w,
+		Config: cfg, Runs: w.Runs, Sweeps: &sweeps.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.GCS}, Publisher: w,
 		Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.Ray, Kube: w.Kube.CoreV1(),
 		Log: slog.New(slog.NewTextHandler(out, nil)), Clock: clock,
 	}
