@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
 var (
@@ -46,6 +48,15 @@ var (
 //
 // replays it with its steps.
 func TestRandomInterleavings(t *testing.T) {
+	t.Cleanup(func() {
+		// The interleavings must have played sweeps to their end, a trial
+		// stopped early among them, or the sweep invariants held vacuously.
+		ended, stopped := sweepsEnded.Load(), trialsStopped.Load()
+		t.Logf("%d interleavings: %d sweeps ended, %d trials stopped early", *interleavings, ended, stopped)
+		if *interleavings >= 60 && (ended == 0 || stopped == 0) {
+			t.Errorf("%d interleavings ended %d sweeps and stopped %d trials early: the sweep paths went unplayed", *interleavings, ended, stopped)
+		}
+	})
 	for i := range *interleavings {
 		seed := *firstSeed + uint64(i)
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -56,6 +67,10 @@ func TestRandomInterleavings(t *testing.T) {
 		})
 	}
 }
+
+// sweepsEnded and trialsStopped count, over every interleaving, the
+// sweeps that ended announced and the trials the median rule stopped.
+var sweepsEnded, trialsStopped atomic.Int64
 
 // errCrash is an injected crash.
 var errCrash = errors.New("injected crash: the instance died")
@@ -75,16 +90,19 @@ type chaos struct {
 	mayRepeat map[string]bool   // IDs whose publisher died before recording them
 	ended     map[string]string // run → the terminal phase it reached
 	specs     []string          // run IDs, in upload order
+	sweeps    []string          // sweep IDs, in upload order
+	midway    map[string]bool   // trials that reported a checkpoint while settling
 	steps     []string
 }
 
 func newChaos(t *testing.T, seed uint64) *chaos {
 	w := newWorld(t)
 	w.faulty = true
-	c := &chaos{world: w, rng: rand.New(rand.NewPCG(seed, seed)), faults: true, mayRepeat: map[string]bool{}, ended: map[string]string{}}
+	c := &chaos{world: w, rng: rand.New(rand.NewPCG(seed, seed)), faults: true, mayRepeat: map[string]bool{}, ended: map[string]string{}, midway: map[string]bool{}}
 	d := w.deps
 	d.Runs = faultyRuns{d.Runs, c}
 	d.Leases = faultyLeases{d.Leases, c}
+	d.Sweeps = faultySweeps{d.Sweeps, c}
 	d.Publisher = faultyPublisher{c}
 	return c
 }
@@ -148,15 +166,20 @@ func (c *chaos) play(n int) {
 			c.now = c.now.Add(time.Duration(c.rng.IntN(30)) * time.Second)
 			c.tick()
 		case r < 80:
-			// A user cancels a run they saw: one that has a record (a
-			// cancellation naming no run is refused as bad input).
-			id := c.specs[c.rng.IntN(len(c.specs))]
-			if _, err := c.deps.Runs.Get(c.ctx, id); err == nil {
+			// A user cancels a run or a sweep they saw: one that has a
+			// record (a cancellation naming neither is refused as bad
+			// input).
+			ids := append(c.runIDs(), c.sweeps...)
+			id := ids[c.rng.IntN(len(ids))]
+			_, rerr := c.deps.Runs.Get(c.ctx, id)
+			_, serr := c.rawSweeps().Get(c.ctx, id)
+			if rerr == nil || serr == nil {
 				c.step("cancel %s", id)
 				c.enqueue(c.deps.Config.Topics.Requests, nil, map[string]string{"action": "cancel", "runId": id})
 			}
 		default:
-			c.kuberay(c.specs[c.rng.IntN(len(c.specs))])
+			ids := c.runIDs()
+			c.kuberay(ids[c.rng.IntN(len(ids))])
 		}
 		c.collect()
 		c.check()
@@ -179,7 +202,12 @@ func (c *chaos) settle() {
 			c.deliverOne(false)
 		}
 		open := 0
-		for _, id := range c.specs {
+		for _, id := range c.sweeps {
+			if sw, err := c.rawSweeps().Get(c.ctx, id); err == nil && (!sw.Phase.Terminal() || !sw.Published) {
+				open++
+			}
+		}
+		for _, id := range c.runIDs() {
 			r, err := c.deps.Runs.Get(c.ctx, id)
 			if errors.Is(err, runs.ErrNotFound) {
 				continue // its intake was lost before it made a record
@@ -190,6 +218,11 @@ func (c *chaos) settle() {
 			if !r.Phase.Terminal() || r.Unannounced() {
 				open++
 				switch {
+				case r.Phase.HasJob() && r.Trial != nil && !c.midway[id]:
+					// A trial reports a checkpoint before it ends, for
+					// the median rule to judge.
+					c.midway[id] = true
+					c.kuberayCheckpoint(id, r.Attempt)
 				case r.Phase.HasJob():
 					c.succeedJob(id, r.Attempt)
 				case r.Phase == runs.Checking:
@@ -229,15 +262,32 @@ func (c *chaos) enqueue(topic string, data []byte, attrs map[string]string) {
 }
 
 func (c *chaos) upload() {
-	name := fmt.Sprintf("jobs/run-%d.json", len(c.specs))
+	name := fmt.Sprintf("jobs/run-%d.json", len(c.specs)+len(c.sweeps))
 	body := example(c.t)
-	if c.rng.IntN(2) == 0 {
+	sweep := false
+	switch c.rng.IntN(4) {
+	case 0:
 		body = checkedExample(c.t) // the data check first
+	case 1:
+		// A sweep of three trials on the one cluster, stopping trials
+		// early half of the time.
+		sweep = true
+		body = sweepSpec(c.t, []float64{1e-4, 2e-4, 4e-4}, func(sw map[string]any) {
+			sw["clusters"] = []any{"gemma3-tuning"}
+			if c.rng.IntN(2) == 0 {
+				delete(sw, "earlyStopping")
+			}
+		})
 	}
 	e := c.world.upload(name, body)
 	id := names.RunIDFromObject(intake, name, mustGen(c.t, e))
-	c.specs = append(c.specs, id)
-	c.step("upload %s (run %s)", name, id)
+	if sweep {
+		c.sweeps = append(c.sweeps, id)
+		c.step("upload %s (sweep %s)", name, id)
+	} else {
+		c.specs = append(c.specs, id)
+		c.step("upload %s (run %s)", name, id)
+	}
 	c.inflight = append(c.inflight, msg{topic: "intake", data: e.Data(), attrs: map[string]string{"event-id": e.ID(), "subject": e.Subject()}})
 }
 
@@ -310,10 +360,12 @@ func (c *chaos) kuberay(runID string) {
 	if err != nil {
 		return // not created yet, or deleted
 	}
-	switch c.rng.IntN(4) {
+	switch c.rng.IntN(5) {
 	case 0:
 		c.step("kuberay: %s running", j.Name)
 		c.setStatus(j, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+	case 4:
+		c.kuberayCheckpoint(runID, r.Attempt)
 	case 1:
 		c.step("kuberay: %s succeeded", j.Name)
 		c.succeedJob(runID, r.Attempt)
@@ -352,6 +404,20 @@ func (c *chaos) dataCheck(runID string) {
 	}
 }
 
+// kuberayCheckpoint has the run's job report a checkpoint with its
+// held-out loss and go on: a trial the median rule may stop (its stop
+// racing its own end).
+func (c *chaos) kuberayCheckpoint(runID string, attempt int) {
+	j, err := c.ray.RayV1().RayJobs("default").Get(c.ctx, names.RayJob(runID, attempt), metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	loss := 1 + c.rng.Float64()
+	c.step("kuberay: %s checkpoint, held-out loss %.3f", j.Name, loss)
+	c.writeLosses(runID, attempt, []float64{loss}, "")
+	c.setStatus(j, rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
+}
+
 func (c *chaos) passCheck(runID string) {
 	c.put(output, "raydrop/"+runID+"/"+checkpoints.DataCheckFile, `{"ok": true, "rows": {"total": 10, "kept": 10, "train": 9, "eval": 1, "leftOut": 0}}`)
 	if j, err := c.ray.RayV1().RayJobs("default").Get(c.ctx, names.RayJob(runID, 0), metav1.GetOptions{}); err == nil {
@@ -364,7 +430,9 @@ func (c *chaos) succeedJob(runID string, attempt int) {
 	if err != nil {
 		return
 	}
-	c.writeLayout(runID, attempt, 2, "succeeded")
+	// Two checkpoints with their held-out losses: a sweep ranks the
+	// trials, and stops later ones, by them.
+	c.writeLosses(runID, attempt, []float64{1 + c.rng.Float64(), 0.5 + c.rng.Float64()}, "succeeded")
 	c.setStatus(j, rayv1.JobDeploymentStatusComplete, rayv1.JobStatusSucceeded)
 	// The checkpoint bucket's notification of the mark's notice, as Cloud
 	// Storage publishes it (JSON_API_V1 payload, the documented attributes).
@@ -388,7 +456,8 @@ func (c *chaos) setStatus(j *rayv1.RayJob, dep rayv1.JobDeploymentStatus, js ray
 func (c *chaos) check() {
 	c.t.Helper()
 	lease := c.rawLease()
-	for _, id := range c.specs {
+	c.checkSweeps()
+	for _, id := range c.runIDs() {
 		r, err := c.deps.Runs.Get(c.ctx, id)
 		if errors.Is(err, runs.ErrNotFound) {
 			continue
@@ -406,7 +475,7 @@ func (c *chaos) check() {
 			c.fail("run %s ended and was announced but still has the lease %+v", id, lease)
 		}
 	}
-	for _, id := range c.specs {
+	for _, id := range c.runIDs() {
 		var terminal []string
 		for i, e := range c.eventsOf(id) {
 			if len(terminal) > 0 && (e.ID() != terminal[0] || !c.mayRepeat[e.ID()]) {
@@ -423,7 +492,28 @@ func (c *chaos) check() {
 // lease free and the cluster's workers at zero.
 func (c *chaos) checkEnd() {
 	c.t.Helper()
-	for _, id := range c.specs {
+	for _, id := range c.sweeps {
+		sw, err := c.rawSweeps().Get(c.ctx, id)
+		if errors.Is(err, sweeps.ErrNotFound) {
+			continue // its intake was lost before it made a record
+		}
+		if err != nil || !sw.Phase.Terminal() || !sw.Published || len(c.eventsOf(id)) == 0 {
+			c.fail("sweep %s: %+v %v, want ended and announced", id, sw, err)
+		}
+		sweepsEnded.Add(1)
+		for _, t := range sw.Trials {
+			if t.Ended == runs.Stopped {
+				trialsStopped.Add(1)
+			}
+			if t.Started() && t.Ended == "" {
+				c.fail("sweep %s ended with trial %d not noted ended", id, t.Index)
+			}
+			if !t.Started() && !sw.CancelRequested {
+				c.fail("sweep %s ended without starting trial %d", id, t.Index)
+			}
+		}
+	}
+	for _, id := range c.runIDs() {
 		r, err := c.deps.Runs.Get(c.ctx, id)
 		if errors.Is(err, runs.ErrNotFound) {
 			continue
@@ -451,6 +541,70 @@ func (c *chaos) checkEnd() {
 		c.fail("every run ended, yet the cluster has %d workers", c.workers())
 	}
 }
+
+// runIDs is every run: those uploaded and the trials the sweeps started.
+func (c *chaos) runIDs() []string {
+	ids := slices.Clone(c.specs)
+	for _, id := range c.sweeps {
+		sw, err := c.rawSweeps().Get(c.ctx, id)
+		if err != nil {
+			continue
+		}
+		for _, t := range sw.Trials {
+			if t.Started() {
+				ids = append(ids, t.RunID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return c.sweeps // nothing started yet: a pick finds no record
+	}
+	return ids
+}
+
+// checkSweeps verifies what holds of sweeps after every step: a sweep
+// ends once (one terminal event, a copy under the same ID only where its
+// publisher died before recording it), and only once every trial it
+// started has ended; an ended sweep never changes its phase.
+func (c *chaos) checkSweeps() {
+	c.t.Helper()
+	for _, id := range c.sweeps {
+		sw, err := c.rawSweeps().Get(c.ctx, id)
+		if errors.Is(err, sweeps.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			c.fail("read sweep %s: %v", id, err)
+		}
+		if was, ok := c.ended[id]; ok && string(sw.Phase) != was {
+			c.fail("sweep %s ended %s, then became %s", id, was, sw.Phase)
+		}
+		if sw.Phase.Terminal() {
+			c.ended[id] = string(sw.Phase)
+		}
+		evs := c.eventsOf(id)
+		for i, e := range evs {
+			if i > 0 && (e.ID() != evs[0].ID() || !c.mayRepeat[e.ID()]) {
+				c.fail("sweep %s: a second event %s after %s", id, e.ID(), evs[0].ID())
+			}
+		}
+		if len(evs) == 0 {
+			continue
+		}
+		for _, t := range sw.Trials {
+			if !t.Started() {
+				continue
+			}
+			r, err := c.deps.Runs.Get(c.ctx, t.RunID)
+			if err != nil || !r.Phase.Terminal() {
+				c.fail("sweep %s announced its end while trial %d is %v (%v)", id, t.Index, r, err)
+			}
+		}
+	}
+}
+
+// rawSweeps reads sweep records without injected faults.
+func (c *chaos) rawSweeps() pipeline.SweepStore { return c.deps.Sweeps.(faultySweeps).SweepStore }
 
 // eventsOf is a run's public events, in the order they went out (their
 // CloudEvent IDs are <run ID>/<phase>).
@@ -532,4 +686,29 @@ func (f faultyPublisher) Publish(ctx context.Context, topic string, data []byte,
 		}
 		return f.c.Publish(ctx, topic, data, attrs)
 	})
+}
+
+// faultySweeps injects crashes into the sweep store.
+type faultySweeps struct {
+	pipeline.SweepStore
+	c *chaos
+}
+
+func (f faultySweeps) Create(ctx context.Context, r *sweeps.Record) error {
+	return f.c.wrap(func() error { return f.SweepStore.Create(ctx, r) })
+}
+
+func (f faultySweeps) Get(ctx context.Context, id string) (r *sweeps.Record, err error) {
+	err = f.c.wrap(func() error { r, err = f.SweepStore.Get(ctx, id); return err })
+	return r, err
+}
+
+func (f faultySweeps) Update(ctx context.Context, id string, fn func(*sweeps.Record) error) (r *sweeps.Record, err error) {
+	err = f.c.wrap(func() error { r, err = f.SweepStore.Update(ctx, id, fn); return err })
+	return r, err
+}
+
+func (f faultySweeps) List(ctx context.Context) (s []sweeps.Summary, err error) {
+	err = f.c.wrap(func() error { s, err = f.SweepStore.List(ctx); return err })
+	return s, err
 }

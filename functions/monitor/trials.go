@@ -13,12 +13,12 @@ import (
 	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
-// earlyStop notes a running trial's held-out losses in its sweep's record
+// earlyStop notes a trial's held-out losses while its job runs in its sweep's record
 // (every attempt's, by step: a resumed attempt's result.json has only its
 // own) and applies the sweep's median rule: why the trial stops now, or
 // "" when it goes on (or is no trial, or its sweep stops none).
 func (h *Handler) earlyStop(ctx context.Context, rec *runs.Record, files attemptFiles) (string, error) {
-	if rec.Trial == nil || rec.Phase != runs.Running || rec.CancelRequested {
+	if rec.Trial == nil || !rec.Phase.HasJob() || rec.CancelRequested {
 		return "", nil
 	}
 	sw, err := h.Deps.Sweeps.Get(ctx, rec.Trial.SweepID)
@@ -64,7 +64,7 @@ func (h *Handler) earlyStop(ctx context.Context, rec *runs.Record, files attempt
 // sweep started but whose delivery died before recording it, the next
 // trials, a cancellation, the end (sent to finalize).
 func (h *Handler) advanceSweep(ctx context.Context, id string) error {
-	err := h.Deps.AdvanceSweep(ctx, id, "", nil)
+	err := h.Deps.AdvanceSweep(ctx, id, "", h.Deps.SendSweepEnd)
 	if errors.Is(err, sweeps.ErrNotFound) {
 		return pipeline.Permanent(err)
 	}

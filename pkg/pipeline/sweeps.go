@@ -40,18 +40,25 @@ func (d *Deps) AdmitSweep(ctx context.Context, rec *runs.Record) error {
 	return d.AdvanceSweep(ctx, sw.SweepID, "", nil)
 }
 
-// EndSweep ends a sweep whose trials have all ended: it writes what it
-// owes (its report) and publishes its terminal event. Only finalize ends
-// sweeps (it may write reports); AdvanceSweep without one sends it the
-// sweep's finished message.
+// EndSweep ends a sweep whose trials have all ended: finalize writes its
+// report and publishes its event (only finalize may write reports); the
+// monitor sends it the sweep's finished message (SendSweepEnd). A function
+// that may do neither (Provision) passes none: the monitor's next look at
+// the sweep does.
 type EndSweep func(ctx context.Context, sw *sweeps.Record) error
+
+// SendSweepEnd is the monitor's EndSweep: the sweep's finished message,
+// on which finalize ends it.
+func (d *Deps) SendSweepEnd(ctx context.Context, sw *sweeps.Record) error {
+	return d.Send(ctx, d.Config.Topics.Finished, Step{SweepID: sw.SweepID})
+}
 
 // AdvanceSweep moves sweep id on (sweeps.Advance): it notes what its
 // trials' runs say, starts the trials that may start (each run recorded
 // and admitted as a spec from the intake would be, each once: a trial a
 // dead delivery started but never recorded is recorded here), and, once
-// the sweep has ended, ends it with end, or without end sends the sweep's
-// finished message. leaving is a trial run that hands its cluster over
+// the sweep has ended, ends it with end (none: leaves that to the
+// monitor). leaving is a trial run that hands its cluster over
 // now (finalize calls before it releases the cluster, so the next trial
 // queues on it and gets it without the workers going to zero). It is safe
 // to repeat.
@@ -107,7 +114,7 @@ func (d *Deps) AdvanceSweep(ctx context.Context, id, leaving string, end EndSwee
 		d.Log.Info("sweep_ended", "sweep_id", id, "phase", sw.Phase, "best", sw.Best, "message", sw.Message)
 	}
 	if end == nil {
-		return d.Send(ctx, d.Config.Topics.Finished, Step{SweepID: id})
+		return nil // the monitor's next look sends it to finalize
 	}
 	return end(ctx, sw)
 }
