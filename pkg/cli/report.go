@@ -20,11 +20,14 @@ func runReport(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "report")
 	out := fs.String("o", "", "write the report to this file (- for standard output) instead of printing its URI")
 	price := fs.String("gpu-hour-usd", envOr(config.EnvGPUHourUSD, config.DefaultGPUHourUSD), "price of a GPU-hour, for a report rendered now (RAYDROP_GPU_HOUR_USD)")
-	_, r, done, code, ok := oneRun(ctx, e, "report", fs, t, args)
+	_, r, sw, done, code, ok := oneRunOrSweep(ctx, e, "report", fs, t, args)
 	if !ok {
 		return code
 	}
 	defer done()
+	if sw != nil {
+		return sweepReport(ctx, e, t, sw, *out)
+	}
 	usd, err := strconv.ParseFloat(*price, 64)
 	if err != nil || usd < 0 {
 		fmt.Fprintf(e.stderr, "raydrop report: --gpu-hour-usd %q is not a non-negative number\n", *price)

@@ -21,6 +21,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/sweeps"
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
@@ -151,6 +152,7 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 			runID = names.RunIDFromMessage(t.requests, id)
 		}
 		fmt.Fprintln(e.stdout, runID)
+		sweepNote(e, s, runID)
 		return ExitOK
 	}
 	if err := t.needBucket(); err != nil {
@@ -171,13 +173,26 @@ func runSubmit(ctx context.Context, e *env, args []string) int {
 	if err := w.Close(); err != nil {
 		return fail(e, "submit", friendly(err, t))
 	}
-	fmt.Fprintln(e.stdout, names.RunIDFromObject(t.bucket, object, w.Attrs().Generation))
+	id := names.RunIDFromObject(t.bucket, object, w.Attrs().Generation)
+	fmt.Fprintln(e.stdout, id)
+	sweepNote(e, s, id)
 	return ExitOK
+}
+
+// sweepNote tells, on standard error, that a submitted spec is a sweep:
+// the ID printed is the sweep's, its trials runs of their own.
+func sweepNote(e *env, s *spec.JobSpec, id string) {
+	if !s.Swept() {
+		return
+	}
+	trials, _ := s.Trials()
+	fmt.Fprintf(e.stderr, "sweep %s: %d trials, %d at once (raydrop watch %s follows it)\n", id, len(trials), s.SweepParallel(), id)
 }
 
 func runList(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "list")
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
+	ofSweeps := fs.Bool("sweeps", false, "list the sweeps instead of the runs")
 	if _, code, ok := parse(e, fs, args); !ok {
 		return code
 	}
@@ -186,6 +201,9 @@ func runList(ctx context.Context, e *env, args []string) int {
 		return fail(e, "list", err)
 	}
 	defer done()
+	if *ofSweeps {
+		return listSweeps(ctx, e, t, *asJSON)
+	}
 	sums, err := st.List(ctx)
 	if err != nil {
 		return fail(e, "list", friendly(err, t))
@@ -253,6 +271,17 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 	}
 	defer done()
 	r, err := getRun(ctx, st, pos[0], t)
+	if errors.Is(err, errNoRun) {
+		sw, serr := getSweep(ctx, t, pos[0])
+		if serr != nil {
+			return fail(e, "status", serr)
+		}
+		if *asJSON {
+			return printJSON(e, sw)
+		}
+		describeSweep(e.stdout, sw)
+		return ExitOK
+	}
 	if err != nil {
 		return fail(e, "status", err)
 	}
@@ -292,6 +321,9 @@ func describe(w io.Writer, r *runs.Record) {
 		fmt.Fprintf(tw, "message\t%s\n", r.Message)
 	}
 	fmt.Fprintf(tw, "source\t%s\n", r.Source)
+	if line := trialLine(r); line != "" {
+		fmt.Fprintf(tw, "sweep\t%s\n", line)
+	}
 	if r.Cluster != "" {
 		fmt.Fprintf(tw, "cluster\t%s/%s\n", r.Namespace, r.Cluster)
 	}
@@ -400,13 +432,41 @@ func oneRun(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *targe
 	return st, r, done, ExitOK, true
 }
 
+// oneRunOrSweep is oneRun that finds a sweep (sw) when no run has the ID.
+func oneRunOrSweep(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *target, args []string) (st *runs.Store, r *runs.Record, sw *sweeps.Record, done func(), code int, ok bool) {
+	pos, code, ok := parse(e, fs, args)
+	if !ok {
+		return nil, nil, nil, nil, code, false
+	}
+	if len(pos) != 1 {
+		fmt.Fprintf(e.stderr, "raydrop %s: give one run or sweep ID\n", name)
+		return nil, nil, nil, nil, ExitUsage, false
+	}
+	st, done, err := t.store(ctx)
+	if err != nil {
+		return nil, nil, nil, nil, fail(e, name, err), false
+	}
+	r, err = getRun(ctx, st, pos[0], t)
+	if errors.Is(err, errNoRun) {
+		sw, err = getSweep(ctx, t, pos[0])
+	}
+	if err != nil {
+		done()
+		return nil, nil, nil, nil, fail(e, name, err), false
+	}
+	return st, r, sw, done, ExitOK, true
+}
+
 func runCancel(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "cancel")
-	_, r, done, code, ok := oneRun(ctx, e, "cancel", fs, t, args)
+	_, r, sw, done, code, ok := oneRunOrSweep(ctx, e, "cancel", fs, t, args)
 	if !ok {
 		return code
 	}
 	defer done()
+	if sw != nil {
+		return cancelSweep(ctx, e, t, sw)
+	}
 	if r.Phase.Terminal() {
 		return fail(e, "cancel", fmt.Errorf("run %s has already ended %s", r.RunID, r.Phase))
 	}

@@ -91,6 +91,12 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 	appearBy := time.Now().Add(*appear)
 	for {
 		r, err := getRun(ctx, st, pos[0], t)
+		if errors.Is(err, errNoRun) {
+			// A sweep's ID: its trials are followed instead.
+			if _, serr := getSweep(ctx, t, pos[0]); serr == nil {
+				return watchSweep(ctx, e, t, pos[0], *every)
+			}
+		}
 		if errors.Is(err, errNoRun) && time.Now().Before(appearBy) {
 			if lastPhase == "" {
 				fmt.Fprintf(e.stdout, "%s  waiting for the pipeline to pick the run up\n", time.Now().Format(time.TimeOnly))
@@ -169,6 +175,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // finished prints how a run ended: its checkpoints, or why it failed.
 func finished(e *env, r *runs.Record) int {
+	if r.Phase == runs.Stopped {
+		// A sweep's trial its early stopping rule ended: not a failure.
+		fmt.Fprintf(e.stdout, "run %s stopped early (%s): %s\n", r.RunID, r.Reason, r.Message)
+		return ExitOK
+	}
 	if r.Phase == runs.Succeeded {
 		if r.Result != nil {
 			for _, c := range r.Result.Checkpoints {
@@ -192,6 +203,7 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 	asJSON := fs.Bool("json", false, "print each event as a structured-mode CloudEvent (JSON with specversion, type, id, source, subject, time, data), one per line")
 	count := fs.Int("count", 0, "stop after printing this many events (0: until interrupted)")
 	runID := fs.String("run", "", "print only this run's events")
+	sweepID := fs.String("sweep", "", "print only this sweep's events: its own and its trials'")
 	typ := fs.String("type", "", "print only events of this type: a phase ("+strings.Join(events.Phases, ", ")+") or the full type "+events.TypePrefix+"<phase>")
 	if _, code, ok := parse(e, fs, args); !ok {
 		return code
@@ -236,7 +248,8 @@ func runEvents(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintf(e.stderr, "raydrop events: message %s is not a CloudEvent: %v\n", m.ID, err)
 			return
 		}
-		if (want != "" && ev.Type() != want) || (*runID != "" && ev.Subject() != events.SubjectPrefix+*runID) {
+		if (want != "" && ev.Type() != want) || (*runID != "" && ev.Subject() != events.SubjectPrefix+*runID) ||
+			(*sweepID != "" && !ofSweep(ev.Subject(), ev.Data(), *sweepID)) {
 			return
 		}
 		line := fmt.Sprintf("%s  %-34s %s", ev.Time().Local().Format(time.TimeOnly), ev.Type(), ev.Subject())
@@ -271,9 +284,12 @@ func eventType(v string) (string, error) {
 	if v == "" {
 		return "", nil
 	}
+	if p, ok := strings.CutPrefix(v, events.SweepTypePrefix); ok && slices.Contains(events.SweepPhases, p) {
+		return v, nil
+	}
 	phase := strings.TrimPrefix(v, events.TypePrefix)
 	if !slices.Contains(events.Phases, phase) {
-		return "", fmt.Errorf("--type %q: not an event type (allowed: %s, or %s<phase>)", v, strings.Join(events.Phases, ", "), events.TypePrefix)
+		return "", fmt.Errorf("--type %q: not an event type (allowed: %s, or %s<phase>, or %s<%s>)", v, strings.Join(events.Phases, ", "), events.TypePrefix, events.SweepTypePrefix, strings.Join(events.SweepPhases, "|"))
 	}
 	return events.Type(phase), nil
 }

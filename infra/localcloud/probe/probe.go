@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,6 +75,20 @@ func (e *Events) Of(runID string) []Seen {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.byRun[runID])
+}
+
+// OfSweep returns a sweep's own events (not its trials') in arrival
+// order: their IDs are <sweep ID>/<phase>, and their data no run's.
+func (e *Events) OfSweep(id string) []Seen {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Seen
+	for _, s := range e.byRun[""] {
+		if strings.HasPrefix(s.ID, id+"/") {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Raw returns the data of every event received.

@@ -112,7 +112,9 @@ func main() {
 	burstClusters := flag.Int("burst-clusters", 10, "clusters the first burst's specs spread over (the second puts them all on one)")
 	sweepN := flag.Int("sweep", 1000, "active runs the sweep figures sweep")
 	footprintN := flag.Int("footprint-trials", 5, "process starts per function for the footprint figures")
-	only := flag.String("only", "footprint,cost,latency,sweep,throughput", "sections to run, comma-separated")
+	fanoutN := flag.Int("fanout-trials", 100, "trials of the sweep the fan-out figures drop")
+	fanoutClusters := flag.Int("fanout-clusters", 8, "clusters that sweep's trials run on, one each at a time")
+	only := flag.String("only", "footprint,cost,latency,sweep,fanout,throughput", "sections to run, comma-separated")
 	jsonOut := flag.String("json", "", "write the figures as JSON to this file")
 	keep := flag.Bool("keep", false, "keep the local cloud's logs")
 	repo := flag.String("repo", "../..", "the repository root")
@@ -120,13 +122,13 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *repo, *runsN, *lanes, *burst, *burstClusters, *sweepN, *footprintN, strings.Split(*only, ","), *jsonOut, *keep); err != nil {
+	if err := run(ctx, *repo, *runsN, *lanes, *burst, *burstClusters, *sweepN, *footprintN, *fanoutN, *fanoutClusters, strings.Split(*only, ","), *jsonOut, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, repo string, runsN, lanes, burst, burstClusters, sweepN, footprintN int, sections []string, jsonOut string, keep bool) error {
+func run(ctx context.Context, repo string, runsN, lanes, burst, burstClusters, sweepN, footprintN, fanoutN, fanoutClusters int, sections []string, jsonOut string, keep bool) error {
 	repo, err := filepath.Abs(repo)
 	if err != nil {
 		return err
@@ -172,6 +174,7 @@ func run(ctx context.Context, repo string, runsN, lanes, burst, burstClusters, s
 		{"cost", b.cost},
 		{"latency", func() error { return b.latency(runsN, lanes) }},
 		{"sweep", func() error { return b.sweep(sweepN) }},
+		{"fanout", func() error { return b.fanout(fanoutN, fanoutClusters) }},
 		{"throughput", func() error {
 			if err := b.throughput(burst, burstClusters, "tp"); err != nil {
 				return err
