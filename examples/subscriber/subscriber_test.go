@@ -460,6 +460,16 @@ func TestOtherEventsAreIgnored(t *testing.T) {
 	if len(cases) < 10 {
 		t.Fatalf("only %d events of other phases: %v", len(cases), events.Phases)
 	}
+	// A sweep's own events name checkpoints too: its trials' succeeded
+	// events promote them, the sweep's is ignored.
+	for _, phase := range events.SweepPhases {
+		e, err := events.NewSweep("//raydrop.dev/raydrop", events.Sweep{SweepID: "s1", Name: "s", Phase: phase, StartedAt: t0,
+			Best: &events.SweepTrial{Index: 1, RunID: "r1", Outcome: "succeeded", BestCheckpoint: ck.URI}}, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, published(t, e), e)
+	}
 	other := event.New()
 	other.SetID("1")
 	other.SetType("google.cloud.storage.object.v1.finalized")

@@ -112,16 +112,22 @@ func TestEnvelopeSchema(t *testing.T) {
 // validator.
 func compile(t testing.TB, phase string) *jsonschema.Schema {
 	t.Helper()
+	return compileDoc(t, events.SchemaID(phase), events.Schema(phase))
+}
+
+// compileDoc compiles the schema document schema, whose $id is id.
+func compileDoc(t testing.TB, id string, schema []byte) *jsonschema.Schema {
+	t.Helper()
 	c := jsonschema.NewCompiler()
 	c.AssertFormat()
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(events.Schema(phase)))
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.AddResource(events.SchemaID(phase), doc); err != nil {
+	if err := c.AddResource(id, doc); err != nil {
 		t.Fatal(err)
 	}
-	s, err := c.Compile(events.SchemaID(phase))
+	s, err := c.Compile(id)
 	if err != nil {
 		t.Fatal(err)
 	}

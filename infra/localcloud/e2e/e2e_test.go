@@ -443,16 +443,10 @@ func TestDuplicateStorageEvents(t *testing.T) {
 	ctx := context.Background()
 	name := "jobs/dup-object.json"
 	data := specFor(t, "e2e-dupobj", nil)
-	w := st.GCS.Bucket(stack.IntakeBucket).Object(name).NewWriter(ctx)
-	w.Metadata = map[string]string{stack.SimMetadata: "steps=2,step=200ms"}
-	if _, err := w.Write(data); err != nil {
+	runID, gen, err := probe.UploadObject(ctx, st, "dup-object", data, "steps=2,step=200ms")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	gen := w.Attrs().Generation
-	runID := names.RunIDFromObject(stack.IntakeBucket, name, gen)
 	pub := st.PS.Publisher(stack.NotifyTopic)
 	defer pub.Stop()
 	for range 4 { // the fifth is fake-gcs-server's own
@@ -696,7 +690,7 @@ func TestCLI(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Error("logs --follow did not end with the cancelled run")
 	}
-	if code, _, errOut := raydrop("status", "no-such-run"); code != 1 || !strings.Contains(errOut, "no run no-such-run") {
+	if code, _, errOut := raydrop("status", "no-such-run"); code != 1 || !strings.Contains(errOut, "no run or sweep no-such-run") {
 		t.Errorf("status of an unknown run: exit %d, %s", code, errOut)
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/events"
-	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/report"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/sweeps"
@@ -71,6 +70,13 @@ func sweepEvent(t *testing.T, id string) events.Sweep {
 	if err := json.Unmarshal(seen[0].Raw, &d); err != nil {
 		t.Fatal(err)
 	}
+	// Kept for the docs' example: the event as the bus delivered it.
+	if err := os.MkdirAll(reportDir, 0o755); err == nil {
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, seen[0].Raw, "", "  ") == nil {
+			_ = os.WriteFile(filepath.Join(reportDir, "sweep-"+d.Phase+".json"), pretty.Bytes(), 0o644)
+		}
+	}
 	file := "../../../schemas/events/" + events.SweepType(d.Phase) + ".json"
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -115,16 +121,10 @@ func TestSweepStopsEarlyAndNamesTheBest(t *testing.T) {
 		"earlyStopping": map[string]any{"rule": "median", "minTrials": 2},
 	})
 	name := "jobs/sweep-lr-rank.json"
-	w := st.GCS.Bucket(stack.IntakeBucket).Object(name).NewWriter(ctx)
-	w.Metadata = map[string]string{stack.SimMetadata: "steps=4,step=1500ms"}
-	if _, err := w.Write(data); err != nil {
+	id, gen, err := probe.UploadObject(ctx, st, "sweep-lr-rank", data, "steps=4,step=1500ms")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	gen := w.Attrs().Generation
-	id := names.RunIDFromObject(stack.IntakeBucket, name, gen)
 	pub := st.PS.Publisher(stack.NotifyTopic)
 	defer pub.Stop()
 	if _, err := pub.Publish(ctx, probe.Notification(name, gen, len(data))).Get(ctx); err != nil {

@@ -184,17 +184,25 @@ func Count(evs []Seen, phase string) int {
 // Upload writes jobs/<name>.json to the intake bucket with a scenario for
 // its simulated Ray job (see stack.SimMetadata) and returns the run ID.
 func Upload(ctx context.Context, st *stack.Stack, name string, data []byte, scenario string) (string, error) {
+	id, _, err := UploadObject(ctx, st, name, data, scenario)
+	return id, err
+}
+
+// UploadObject is Upload that returns the object's generation too, for a
+// test that delivers its notification again (Notification).
+func UploadObject(ctx context.Context, st *stack.Stack, name string, data []byte, scenario string) (string, int64, error) {
 	object := "jobs/" + name + ".json"
 	w := st.GCS.Bucket(stack.IntakeBucket).Object(object).NewWriter(ctx)
 	w.Metadata = map[string]string{stack.SimMetadata: scenario}
 	if _, err := w.Write(data); err != nil {
 		_ = w.Close()
-		return "", err
+		return "", 0, err
 	}
 	if err := w.Close(); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return names.RunIDFromObject(stack.IntakeBucket, object, w.Attrs().Generation), nil
+	gen := w.Attrs().Generation
+	return names.RunIDFromObject(stack.IntakeBucket, object, gen), gen, nil
 }
 
 // RunIDOfObject is the run ID of jobs/<name>.json at generation gen.
