@@ -4,6 +4,8 @@
 package kubetest
 
 import (
+	"time"
+
 	"errors"
 	"fmt"
 	"os"
@@ -44,6 +46,9 @@ func Start() (*Env, error) {
 		CRDDirectoryPaths:     []string{crds},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: assets,
+		// envtest waits 10 s for the CRDs to be served by default; an API
+		// server started beside others on a busy 2-core machine can take longer.
+		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: 2 * time.Minute},
 	}
 	cfg, err := e.Start()
 	if err != nil {

@@ -130,6 +130,9 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: o.Assets,
 		Scheme:                scheme,
+		// envtest waits 10 s for the CRDs to be served by default; an API
+		// server started beside others on a busy 2-core machine can take longer.
+		CRDInstallOptions: envtest.CRDInstallOptions{MaxTime: 2 * time.Minute},
 	}
 	etcd := &envtest.Etcd{}
 	env.ControlPlane.Etcd = etcd
