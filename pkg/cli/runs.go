@@ -413,33 +413,27 @@ func capacityText(r *runs.Record) string {
 // the state bucket and reads the run. When it cannot, it has said why and
 // returns the exit code with ok false; otherwise the caller calls done.
 func oneRun(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *target, args []string) (st *runs.Store, r *runs.Record, done func(), code int, ok bool) {
-	pos, code, ok := parse(e, fs, args)
-	if !ok {
-		return nil, nil, nil, code, false
-	}
-	if len(pos) != 1 {
-		fmt.Fprintf(e.stderr, "raydrop %s: give one run ID\n", name)
-		return nil, nil, nil, ExitUsage, false
-	}
-	st, done, err := t.store(ctx)
-	if err != nil {
-		return nil, nil, nil, fail(e, name, err), false
-	}
-	if r, err = getRun(ctx, st, pos[0], t); err != nil {
-		done()
-		return nil, nil, nil, fail(e, name, err), false
-	}
-	return st, r, done, ExitOK, true
+	st, r, _, done, code, ok = lookup(ctx, e, name, fs, t, args, false)
+	return st, r, done, code, ok
 }
 
 // oneRunOrSweep is oneRun that finds a sweep (sw) when no run has the ID.
 func oneRunOrSweep(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *target, args []string) (st *runs.Store, r *runs.Record, sw *sweeps.Record, done func(), code int, ok bool) {
+	return lookup(ctx, e, name, fs, t, args, true)
+}
+
+// lookup is oneRun, and with orSweep oneRunOrSweep.
+func lookup(ctx context.Context, e *env, name string, fs *flag.FlagSet, t *target, args []string, orSweep bool) (st *runs.Store, r *runs.Record, sw *sweeps.Record, done func(), code int, ok bool) {
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return nil, nil, nil, nil, code, false
 	}
 	if len(pos) != 1 {
-		fmt.Fprintf(e.stderr, "raydrop %s: give one run or sweep ID\n", name)
+		what := "run ID"
+		if orSweep {
+			what = "run or sweep ID"
+		}
+		fmt.Fprintf(e.stderr, "raydrop %s: give one %s\n", name, what)
 		return nil, nil, nil, nil, ExitUsage, false
 	}
 	st, done, err := t.store(ctx)
@@ -447,7 +441,7 @@ func oneRunOrSweep(ctx context.Context, e *env, name string, fs *flag.FlagSet, t
 		return nil, nil, nil, nil, fail(e, name, err), false
 	}
 	r, err = getRun(ctx, st, pos[0], t)
-	if errors.Is(err, errNoRun) {
+	if orSweep && errors.Is(err, errNoRun) {
 		sw, err = getSweep(ctx, t, pos[0])
 	}
 	if err != nil {
