@@ -54,7 +54,7 @@ $(TRAINER_VENV)/.complete:
 
 trainer-test: trainer-venv gemma3-tokenizer ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout)
 	cd $(TRAINER_DIR) && RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER) \
-		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q tests
+		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q --durations=12 tests
 
 # Gemma 3's real tokenizer (tokenizer.json and tokenizer_config.json, with the
 # chat template) for the tests that check the prompt encoding and the length

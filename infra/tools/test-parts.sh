@@ -8,7 +8,8 @@
 # lane's output is streamed with its name in front of each line and kept
 # in .build/test-<name>.log. The first
 # part that fails stops its lane; the others run to their end, and the
-# script exits non-zero after printing every part's time and status.
+# script exits non-zero after printing what failed (from the lanes' logs)
+# and every part's time and status.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .build
@@ -33,11 +34,13 @@ lane() { # name parts...
 }
 
 pids=()
+names=()
 lanes=$#
 for l in "$@"; do
 	# shellcheck disable=SC2086
 	set -- $l
 	name=$1
+	names+=("$name")
 	shift
 	if [ "$lanes" -eq 1 ]; then
 		lane "$name" "$@" & # one lane: its output as it is
@@ -52,6 +55,25 @@ for p in "${pids[@]}"; do
 done
 # A lane's pipeline hides its exit status from wait: read it from the times.
 grep -q FAILED "$times" && status=1
+
+# What failed, from each lane's log, just above the times, so the last lines
+# of a CI log name the failing tests: each "--- FAIL" with the lines of its
+# test's log under it, panics, packages that failed, make's errors.
+if [ $status -ne 0 ] && [ "$lanes" -gt 1 ]; then
+	for name in "${names[@]}"; do
+		log=.build/test-$name.log
+		digest=$(awk '
+			/^[[:space:]]*--- FAIL/ { print; under = 12; next }
+			under > 0 && /^[[:space:]]+[^[:space:]-]/ { print; under--; next }
+			{ under = 0 }
+			/^panic:|^FAIL[[:space:]]|^make(\[[0-9]+\])?: \*\*\*|test timed out|^E +[A-Za-z]|^FAILED / { print }
+		' "$log" | cut -c1-240 | head -80)
+		[ -n "$digest" ] || continue
+		echo
+		echo "what failed, from $log:"
+		echo "$digest" | sed 's/^/  /'
+	done
+fi
 
 echo
 echo "make test: the parts, in wall-clock seconds"
