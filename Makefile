@@ -56,7 +56,7 @@ dev: tools ## Start the local cloud and keep it up (prints the variables that po
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
 # parts that keep the CPUs busy. TEST_LANES="lint go-test ..." runs one lane.
-TEST_LANES ?= "cpu go-test trainer-contract" "localcloud lint infra-check localcloud-test"
+TEST_LANES ?= "cpu go-test trainer-contract" "localcloud lint infra-check trainer-unit localcloud-test"
 
 .PHONY: test
 test: tools $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
@@ -93,10 +93,14 @@ proof: tools ## The reliability and security suite on its own local cloud; print
 		cat $(CURDIR)/.build/proof-report.txt 2>/dev/null || true; exit $$status
 
 .PHONY: trainer-contract
-trainer-contract: trainer-venv ## Trainer tests under real Ray Train, Go checkpoint discovery on the layout they wrote, the GPU benchmark's command on CPU
+trainer-contract: trainer-venv ## Trainer tests under real Ray Train, then Go checkpoint discovery on the layout they wrote
 	rm -rf $(LAYOUT_DIR) && mkdir -p $(LAYOUT_DIR)
-	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test
+	RAYDROP_LAYOUT_DIR=$(LAYOUT_DIR) $(MAKE) --no-print-directory trainer-test TRAINER_TESTS=$(TRAINER_RAY_TESTS)
 	$(GO) test -count=1 -run TestTrainerLayoutContract -v ./pkg/checkpoints -args -layout $(LAYOUT_DIR)
+
+.PHONY: trainer-unit
+trainer-unit: trainer-venv ## The trainer's other tests (no Ray cluster), then the GPU benchmark's command on CPU
+	$(MAKE) --no-print-directory trainer-test TRAINER_TESTS="--ignore=$(TRAINER_RAY_TESTS) tests"
 	$(MAKE) --no-print-directory gpu-bench-dry-run
 
 .PHONY: trainer-layout-testdata

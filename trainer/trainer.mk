@@ -52,9 +52,15 @@ $(TRAINER_VENV)/.complete:
 	else rm -rf "$$venv"; mv -T "$$tmp" "$$venv"; fi; \
 	echo "trainer-venv: built in $$(( $$(date +%s) - start )) s"
 
-trainer-test: trainer-venv gemma3-tokenizer ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout)
+# Which of the trainer's tests trainer-test runs (pytest arguments, from
+# trainer/): all by default; make test runs the ones under real Ray Train in
+# one lane and the rest in the other.
+TRAINER_TESTS ?= tests
+TRAINER_RAY_TESTS := tests/test_ray_train.py
+
+trainer-test: trainer-venv gemma3-tokenizer ## Run the trainer's tests on CPU, offline (RAYDROP_LAYOUT_DIR=dir keeps the Ray Train layout; TRAINER_TESTS=pytest args picks some)
 	cd $(TRAINER_DIR) && RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER) \
-		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q --durations=12 tests
+		PYTHONDONTWRITEBYTECODE=1 $(TRAINER_VENV)/bin/python -m pytest -p no:cacheprovider -q --durations=12 $(TRAINER_TESTS)
 
 # Gemma 3's real tokenizer (tokenizer.json and tokenizer_config.json, with the
 # chat template) for the tests that check the prompt encoding and the length

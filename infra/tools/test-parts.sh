@@ -17,6 +17,11 @@ MAKE=${MAKE:-make}
 times=.build/test-times.txt
 : >"$times"
 start=$(date +%s)
+# The machine's busy CPU time (every core's user, nice, system, irq, softirq
+# and steal, in seconds), read from /proc/stat at the start and the end, so
+# the summary says how much of the wall time the cores were working.
+busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu /{ printf "%d", ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat; }
+busy0=$(busy)
 
 lane() { # name parts...
 	local name=$1
@@ -82,4 +87,6 @@ while read -r part secs result; do
 done <"$times"
 total=$(($(date +%s) - start))
 printf '  %-18s %5d s  %dm%02ds  %s\n' total "$total" $((total / 60)) $((total % 60)) "$([ $status -eq 0 ] && echo ok || echo FAILED)"
+cores=$(nproc)
+echo "  the CPUs were busy $(($(busy) - busy0)) s of the $((total * cores)) s that $cores cores had in that time (the whole machine, from /proc/stat)"
 exit $status
