@@ -5,15 +5,15 @@
 RAYDROP_CACHE ?= $(HOME)/.cache/raydrop
 TRAINER_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 TRAINER_PYTHON ?= python3
-# uv installs the pinned wheels several times faster than pip (parallel
-# downloads, hard links from its cache); it is itself pinned and installed
-# from PyPI into the virtualenv being built.
-TRAINER_UV_VERSION ?= 0.8.13
-TRAINER_REQS := $(TRAINER_DIR)/requirements.txt $(TRAINER_DIR)/requirements-test.txt
+# The trainer image's files (trainer/image): the locked dependencies with
+# their hashes, the pinned uv that installs them, and the script that does,
+# which the test virtualenv runs too.
+TRAINER_IMAGE_DIR := $(TRAINER_DIR)/image
+TRAINER_LOCK := $(TRAINER_IMAGE_DIR)/requirements.lock $(TRAINER_IMAGE_DIR)/uv.lock.txt $(TRAINER_IMAGE_DIR)/install.sh
 # The virtualenv lives outside the repository and is named by the hash of what
 # goes into it, so every clone on the machine shares it and a change of pins
 # (or of interpreter) builds a new one instead of mutating a shared one.
-TRAINER_VENV_HASH := $(shell { cat $(TRAINER_REQS); $(TRAINER_PYTHON) -c 'import sys; print(sys.version)'; echo uv=$(TRAINER_UV_VERSION); } | sha256sum | cut -c1-12)
+TRAINER_VENV_HASH := $(shell { cat $(TRAINER_LOCK) $(TRAINER_DIR)/requirements-test.txt; $(TRAINER_PYTHON) -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)
 TRAINER_VENV ?= $(RAYDROP_CACHE)/trainer-venv-$(TRAINER_VENV_HASH)
 TRAINER_BENCH_ARGS ?=
 # What the GPU benchmark carries to an offline GPU machine (bench/pack.py):
@@ -23,7 +23,11 @@ GPU_BENCH_PACK ?= $(abspath $(TRAINER_DIR)/..)/.build/gpu-bench
 
 ##@ Trainer (Python)
 
-.PHONY: trainer-venv trainer-test trainer-bench gpu-bench-pack gpu-bench-dry-run
+.PHONY: trainer-venv trainer-test trainer-bench gpu-bench-pack gpu-bench-dry-run trainer-lock
+
+trainer-lock: trainer-venv ## Rewrite trainer/image's requirements.lock (with hashes) and uv.lock.txt from trainer/requirements.txt
+	SSL_CERT_FILE="$${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" UV_CACHE_DIR='$(RAYDROP_CACHE)/uv' \
+		$(TRAINER_IMAGE_DIR)/lock.sh $(TRAINER_VENV)/bin/python
 
 trainer-venv: $(TRAINER_VENV)/.complete ## Build the trainer's virtualenv once per machine (cached under RAYDROP_CACHE)
 	@echo "trainer-venv: ready at $(TRAINER_VENV)"
@@ -39,13 +43,11 @@ $(TRAINER_VENV)/.complete:
 	start=$$(date +%s); \
 	echo "trainer-venv: building $$venv (first time on this machine; several minutes)"; \
 	$(TRAINER_PYTHON) -m venv "$$tmp"; \
-	echo "trainer-venv: installing uv $(TRAINER_UV_VERSION)"; \
-	"$$tmp/bin/python" -m pip install --quiet --disable-pip-version-check uv==$(TRAINER_UV_VERSION); \
-	echo "trainer-venv: installing $(TRAINER_REQS)"; \
-	SSL_CERT_FILE="$${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" \
-	UV_CACHE_DIR='$(RAYDROP_CACHE)/uv' \
-	"$$tmp/bin/python" -m uv pip install --python "$$tmp/bin/python" $(foreach r,$(TRAINER_REQS),-r $(r)); \
-	"$$tmp/bin/python" -c 'import torch, ray.train, transformers, trl, peft; print("trainer-venv: torch", torch.__version__, "ray", ray.__version__)'; \
+	export SSL_CERT_FILE="$${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" UV_CACHE_DIR='$(RAYDROP_CACHE)/uv'; \
+	$(TRAINER_IMAGE_DIR)/install.sh "$$tmp/bin/python"; \
+	echo "trainer-venv: the test extras ($(TRAINER_DIR)/requirements-test.txt), within the lock"; \
+	"$$tmp/bin/python" -m uv pip install --python "$$tmp/bin/python" --compile-bytecode \
+		-r $(TRAINER_DIR)/requirements-test.txt -c $(TRAINER_IMAGE_DIR)/requirements.lock; \
 	touch "$$tmp/.complete"; \
 	if mv -T "$$tmp" "$$venv" 2>/dev/null; then :; \
 	elif [ -f "$$venv/.complete" ]; then echo "trainer-venv: another build finished first; using it"; \
