@@ -5,8 +5,11 @@
 package trainer
 
 import (
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
+	"io/fs"
 	"strings"
 )
 
@@ -15,6 +18,33 @@ import (
 //
 //go:embed *.py defaults.json requirements.txt
 var Files embed.FS
+
+// ImageFiles are what the trainer image is built from (image/): its
+// Dockerfile, the script that installs the lock, and the locks.
+//
+//go:embed image/Dockerfile image/install.sh image/requirements.lock image/uv.lock.txt
+var ImageFiles embed.FS
+
+// ImageDigest is a digest of ImageFiles ("sha256:<hex>"), which changes
+// whenever the image they build would. The local cloud, which builds no
+// image, names its trainer image by it; it is not the digest a registry
+// would give the real image.
+func ImageDigest() string {
+	h := sha256.New()
+	err := fs.WalkDir(ImageFiles, "image", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := ImageFiles.ReadFile(path)
+		h.Write([]byte(path + "\x00"))
+		h.Write(b)
+		return err
+	})
+	if err != nil {
+		panic(err) // embedded at build time
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
 
 // DefaultsFile is the trainer's defaults, read by the trainer's command
 // line, the job spec and the GPU benchmark alike.

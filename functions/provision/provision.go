@@ -138,7 +138,9 @@ func newRecord(runID, source, defaultName string, data []byte, size int64, cfg c
 	if err != nil {
 		s = nil
 	}
-	return runs.NewRecord(runID, source, defaultName, s, ps, now)
+	rec := runs.NewRecord(runID, source, defaultName, s, ps, now)
+	rec.UseImages(cfg.TrainerImage)
+	return rec
 }
 
 // deploymentProblems are the places a valid spec names that the deployment

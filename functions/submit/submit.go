@@ -37,7 +37,7 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if rec.CancelRequested {
 		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the job started"})
 	}
-	run := manifests.Run{ID: rec.RunID, Attempt: rec.Attempt, Source: rec.Source, SpecHash: rec.SpecHash}
+	run := manifests.Run{ID: rec.RunID, Attempt: rec.Attempt, Source: rec.Source, SpecHash: rec.SpecHash, Preinstalled: rec.TrainerImage != ""}
 	if a := rec.CurrentAttempt(); a != nil {
 		run.ResumeFrom = a.ResumeFrom
 	}

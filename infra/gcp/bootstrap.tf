@@ -45,6 +45,9 @@ resource "terraform_data" "iam_propagation" {
     [for m in google_storage_bucket_iam_member.extra_artifacts_viewer : m.id],
     [for m in google_pubsub_topic_iam_member.publisher : m.id],
     [google_project_iam_member.gcs_agent_publisher.id, google_project_iam_member.build.id],
+    [for m in google_artifact_registry_repository_iam_member.build_push : m.id],
+    [for m in google_storage_bucket_iam_member.build_source : m.id],
+    [for m in google_project_iam_member.build_logs : m.id],
   )
 
   provisioner "local-exec" {

@@ -100,6 +100,7 @@ locals {
     RAYDROP_TOPIC_EVENTS      = var.topics.events
     RAYDROP_TOPIC_MARKS       = var.topics.marks
     RAYDROP_EVENT_BUS         = var.event_bus ? google_eventarc_message_bus.events[0].id : ""
+    RAYDROP_TRAINER_IMAGE     = local.trainer_image
   })
 
   # .gcloudignore, read as the archive's excludes. A pattern without a slash

@@ -27,6 +27,7 @@ locals {
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "compute.googleapis.com",
+    "containerfilesystem.googleapis.com", # image streaming (image.tf)
     "container.googleapis.com",
     "eventarc.googleapis.com",
     "eventarcpublishing.googleapis.com", # the message bus (bus.tf)

@@ -52,3 +52,8 @@ output "event_bus_delivery_account" {
   description = "The service account whose OIDC token the event bus pipeline sends to event_bus_destination (grant it roles/run.invoker on that service); null without one."
   value       = try(google_service_account.bus_delivery[0].email, null)
 }
+
+output "trainer_image" {
+  description = "The trainer image every Ray container a spec names none for runs, by digest (empty: the stock Ray images, with pip)."
+  value       = local.trainer_image
+}

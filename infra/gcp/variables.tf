@@ -198,3 +198,37 @@ variable "source_dir" {
   type        = string
   default     = ""
 }
+
+variable "build_trainer_image" {
+  description = "Build trainer/image with Cloud Build into Artifact Registry (image.tf) and make it the image of every Ray container a spec names none for. false (and no trainer_image): the stock Ray images, each run pip-installing the trainer's requirements on every node."
+  type        = bool
+  default     = true
+}
+
+variable "trainer_image" {
+  description = "A trainer image built elsewhere from trainer/image, by digest (repository@sha256:<64 hex>), used instead of building one. Empty: build_trainer_image decides."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.trainer_image == "" || can(regex("^[a-z0-9][a-z0-9./_:-]*@sha256:[0-9a-f]{64}$", var.trainer_image))
+    error_message = "trainer_image must name its image by digest: repository@sha256:<64 hex digits> (a tag can move under a running run)."
+  }
+}
+
+variable "trainer_image_repository" {
+  description = "The Artifact Registry repository (in var.region) the trainer image is built into."
+  type        = string
+  default     = "raydrop"
+
+  validation {
+    condition     = can(regex("^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$", var.trainer_image_repository))
+    error_message = "trainer_image_repository must be a repository ID: lower-case letters, digits and hyphens, starting with a letter, at most 63 characters."
+  }
+}
+
+variable "node_service_account" {
+  description = "The email of the service account the cluster's nodes run as, which pulls the trainer image. Empty: the Compute Engine default service account, Autopilot's default."
+  type        = string
+  default     = ""
+}

@@ -74,6 +74,21 @@ func TestRenderTier(t *testing.T) {
 	}
 }
 
+// TestRenderTrainerImage: --trainer-image renders as the pipeline does on a
+// deployment with one: both containers on it, no pip in the runtime env;
+// without it, the stock images and the pip list.
+func TestRenderTrainerImage(t *testing.T) {
+	const image = "us-docker.pkg.dev/p/raydrop/trainer@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	code, out, stderr := run("render", "../../examples/gemma3-vision.json", "--trainer-image", image)
+	if code != 0 || strings.Count(out, "image: "+image) != 2 || strings.Contains(out, "rayproject/ray") || strings.Contains(out, "torch==") {
+		t.Errorf("render --trainer-image: exit %d, stderr %q; want both containers on it and no pip\n%s", code, stderr, out)
+	}
+	code, out, _ = run("render", "../../examples/gemma3-vision.json")
+	if code != 0 || !strings.Contains(out, "image: rayproject/ray:2.48.0-gpu") || !strings.Contains(out, "torch==") {
+		t.Errorf("render: exit %d; want the stock images and the pip list\n%s", code, out)
+	}
+}
+
 func TestRenderErrors(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -87,6 +102,7 @@ func TestRenderErrors(t *testing.T) {
 		{[]string{"render", "../../examples/gemma3-vision.json", "--resume-from", "gs://b/x;rm -rf /"}, 2, "is not a gs:// checkpoint URI"},
 		{[]string{"render", "../spec/testdata/bad/out-of-range.json"}, 1, "lora.r: 100000 is out of range"},
 		{[]string{"render", "missing.json"}, 1, "no such file"},
+		{[]string{"render", "../../examples/gemma3-vision.json", "--trainer-image", "r.example/trainer:latest"}, 2, "names no digest"},
 		{[]string{"bogus"}, 2, "unknown command \"bogus\""},
 		{[]string{"events", "--type", "finished"}, 2, `--type "finished": not an event type (allowed: accepted,`},
 		{[]string{"events", "--count", "-1"}, 2, "--count -1: must be 0 (no limit) or more"},

@@ -330,6 +330,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Attempt > 0 {
 		fmt.Fprintf(tw, "attempt\t%d\n", r.Attempt)
 	}
+	if line := imageText(r); line != "" {
+		fmt.Fprintf(tw, "image\t%s\n", line)
+	}
 	if c := capacityText(r); c != "" {
 		fmt.Fprintf(tw, "capacity\t%s\n", c)
 	}
@@ -491,4 +494,18 @@ func runMigrateState(ctx context.Context, e *env, args []string) int {
 	}
 	fmt.Fprintf(e.stdout, "copied %d objects from gs://%s to gs://%s (%d were there already)\n", copied, t.bucket, t.state, present)
 	return ExitOK
+}
+
+// imageText is what the run's Ray containers run: the deployment's trainer
+// image by digest, or the images its spec named (their runtime env
+// installing the trainer's requirements).
+func imageText(r *runs.Record) string {
+	if r.Spec == nil {
+		return ""
+	}
+	if r.TrainerImage != "" {
+		return r.TrainerImage + " (the deployment's trainer image: nothing installed at start)"
+	}
+	head, workers := r.Spec.Cluster.HeadImage(), r.Spec.Cluster.WorkerImage()
+	return "head " + head + ", workers " + workers + " (the runtime env pip-installs the trainer's requirements)"
 }

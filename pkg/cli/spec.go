@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
 
@@ -83,6 +85,7 @@ func runRender(_ context.Context, e *env, args []string) int {
 	attempt := fs.Int("attempt", 1, "attempt number (1-based)")
 	resume := fs.String("resume-from", "", "checkpoint URI the attempt resumes from")
 	tier := fs.Int("tier", 1, "capacity tier the workers are asked on (1-based, in cluster.capacity's order)")
+	trainerImage := fs.String("trainer-image", "", "the deployment's trainer image (repository@sha256:...), to render as the pipeline does: the image of every Ray container the spec names none for, and no pip in the runtime env when both run it")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code
@@ -111,12 +114,20 @@ func runRender(_ context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "raydrop render: --tier %d is out of range (allowed: 1 to %d, the tiers of cluster.capacity)\n", *tier, n)
 		return ExitUsage
 	}
+	if *trainerImage != "" {
+		if msg := config.CheckTrainerImage(*trainerImage); msg != "" {
+			fmt.Fprintf(e.stderr, "raydrop render: --trainer-image %q %s\n", *trainerImage, msg)
+			return ExitUsage
+		}
+	}
+	rec := runs.Record{Spec: s}
+	rec.UseImages(*trainerImage) // as admission does
 	code2, err := manifests.TrainerCode()
 	if err != nil {
 		fmt.Fprintf(e.stderr, "raydrop render: %v\n", err)
 		return ExitFailure
 	}
-	run := manifests.Run{ID: id, Attempt: *attempt, ResumeFrom: *resume, Source: "file:" + filepath.Base(pos[0]), SpecHash: s.Hash(), Tier: *tier - 1}
+	run := manifests.Run{ID: id, Attempt: *attempt, ResumeFrom: *resume, Source: "file:" + filepath.Base(pos[0]), SpecHash: s.Hash(), Tier: *tier - 1, Preinstalled: rec.TrainerImage != ""}
 	if err := run.Validate(); err != nil {
 		fmt.Fprintf(e.stderr, "raydrop render: %v\n", err)
 		return ExitUsage

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/distribution/reference"
+
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
@@ -45,6 +47,12 @@ type Config struct {
 	EventBus     string        // RAYDROP_EVENT_BUS: optional Eventarc Advanced message bus
 	ScaleDownAge time.Duration // RAYDROP_SCALE_DOWN_GRACE: idle time before the sweep scales workers to zero
 	GPUHourUSD   float64       // RAYDROP_GPU_HOUR_USD: price of one GPU-hour for cost estimates
+	// RAYDROP_TRAINER_IMAGE (optional): the deployment's trainer image, by
+	// digest (repository@sha256:...), built from trainer/image: the image
+	// of every Ray container whose spec names none, with nothing to
+	// install at run time. Unset: the stock Ray images, with the trainer's
+	// requirements pip-installed by each run's runtime env.
+	TrainerImage string
 }
 
 // The variables LoadConfig reads (and Env writes); the topics' are
@@ -62,6 +70,7 @@ const (
 	EnvEventBus       = "RAYDROP_EVENT_BUS"
 	EnvScaleDownGrace = "RAYDROP_SCALE_DOWN_GRACE"
 	EnvGPUHourUSD     = "RAYDROP_GPU_HOUR_USD"
+	EnvTrainerImage   = "RAYDROP_TRAINER_IMAGE"
 )
 
 // BusName is the form of a message bus's name (RAYDROP_EVENT_BUS).
@@ -75,6 +84,21 @@ const PublishingEndpointEnv = "RAYDROP_EVENTARC_PUBLISHING_ENDPOINT"
 // DefaultGPUHourUSD is the price of a GPU-hour cost estimates use when
 // RAYDROP_GPU_HOUR_USD is not set.
 const DefaultGPUHourUSD = "10"
+
+// CheckTrainerImage says what is wrong with a trainer image reference, ""
+// when nothing is: it must name its image by digest, so that every run
+// records exactly what it ran and a rebuilt image never changes a run
+// under way.
+func CheckTrainerImage(ref string) string {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "is not a container image reference: " + err.Error()
+	}
+	if _, ok := named.(reference.Canonical); !ok {
+		return "names no digest: give the image as repository@sha256:<digest> (the HCL's trainer_image output)"
+	}
+	return ""
+}
 
 // MayRead reports whether runs may read their data from bucket.
 func (c Config) MayRead(bucket string) bool { return slices.Contains(c.DataBuckets, bucket) }
@@ -124,6 +148,7 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		Kubeconfig:   get(EnvKubeconfig, ""),
 		GKECluster:   get(EnvGKECluster, ""),
 		EventBus:     get(EnvEventBus, ""),
+		TrainerImage: get(EnvTrainerImage, ""),
 	}
 	def := wiring.DefaultTopics()
 	for _, k := range wiring.TopicKeys {
@@ -137,6 +162,11 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	}
 	if c.EventBus != "" && !BusName.MatchString(c.EventBus) {
 		errs = append(errs, fmt.Errorf("%s %q is not a message bus name (projects/P/locations/L/messageBuses/B)", EnvEventBus, c.EventBus))
+	}
+	if c.TrainerImage != "" {
+		if msg := CheckTrainerImage(c.TrainerImage); msg != "" {
+			errs = append(errs, fmt.Errorf("%s %q %s", EnvTrainerImage, c.TrainerImage, msg))
+		}
 	}
 	if len(c.Namespaces) == 0 {
 		errs = append(errs, fmt.Errorf("%s %q names no namespace", EnvNamespaces, getenv(EnvNamespaces)))
@@ -192,6 +222,7 @@ func (c Config) Env() []string {
 	set(EnvKubeconfig, c.Kubeconfig)
 	set(EnvGKECluster, c.GKECluster)
 	set(EnvEventBus, c.EventBus)
+	set(EnvTrainerImage, c.TrainerImage)
 	if c.ScaleDownAge != 0 {
 		set(EnvScaleDownGrace, c.ScaleDownAge.String())
 	}

@@ -18,6 +18,7 @@ func full() Config {
 		Kubeconfig: "/k/config", GKECluster: "projects/p-1/locations/l/clusters/c",
 		EventBus:     "projects/p-12345/locations/us-central1/messageBuses/bus",
 		ScaleDownAge: 90 * time.Second, GPUHourUSD: 2.5,
+		TrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer@sha256:" + strings.Repeat("ab", 32),
 	}
 	for _, k := range wiring.TopicKeys {
 		c.Topics.Set(k, "t-"+k)
@@ -74,14 +75,34 @@ func TestEnvLeavesDefaultsOut(t *testing.T) {
 // TestLoadConfigNamesEveryProblem: every missing or malformed variable is
 // reported at once, by name.
 func TestLoadConfigNamesEveryProblem(t *testing.T) {
-	vars := map[string]string{EnvOutputBuckets: " , ", EnvEventBus: "bus", EnvNamespaces: ",", EnvScaleDownGrace: "soon", EnvGPUHourUSD: "-1"}
+	vars := map[string]string{EnvOutputBuckets: " , ", EnvEventBus: "bus", EnvNamespaces: ",", EnvScaleDownGrace: "soon", EnvGPUHourUSD: "-1",
+		EnvTrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer:latest"}
 	_, err := LoadConfig(func(k string) string { return vars[k] })
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, name := range []string{EnvProject, EnvIntakeBucket, EnvOutputBuckets, EnvEventBus, EnvNamespaces, EnvScaleDownGrace, EnvGPUHourUSD, EnvGKECluster} {
+	for _, name := range []string{EnvProject, EnvIntakeBucket, EnvOutputBuckets, EnvEventBus, EnvNamespaces, EnvScaleDownGrace, EnvGPUHourUSD, EnvGKECluster, EnvTrainerImage} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
+		}
+	}
+}
+
+// TestTrainerImageByDigestOnly: the trainer image must name its digest (a
+// tag can move under a run); anything else is refused with what to give.
+func TestTrainerImageByDigestOnly(t *testing.T) {
+	digest := "@sha256:" + strings.Repeat("0f", 32)
+	for ref, want := range map[string]string{
+		"us-docker.pkg.dev/p/raydrop/trainer" + digest:    "",
+		"us-docker.pkg.dev/p/raydrop/trainer:v1" + digest: "",
+		"us-docker.pkg.dev/p/raydrop/trainer:v1":          "names no digest",
+		"us-docker.pkg.dev/p/raydrop/trainer":             "names no digest",
+		"Not An Image" + digest:                           "is not a container image reference",
+		"us-docker.pkg.dev/p/raydrop/trainer@sha256:abc":  "is not a container image reference",
+	} {
+		got := CheckTrainerImage(ref)
+		if (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("CheckTrainerImage(%q) = %q, want %q", ref, got, want)
 		}
 	}
 }

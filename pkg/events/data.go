@@ -13,6 +13,9 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 		RunID: r.RunID, Name: r.Name, Source: r.Source, SpecHash: r.SpecHash,
 		Phase: p.Event(), Problems: r.Problems, Attempt: r.Attempt, Cluster: r.Cluster,
 	}
+	if r.Spec != nil {
+		d.Images = &Images{Head: r.Spec.Cluster.HeadImage(), Workers: r.Spec.Cluster.WorkerImage(), Trainer: r.TrainerImage != ""}
+	}
 	if t := r.Trial; t != nil {
 		d.Trial = &TrialRef{SweepID: t.SweepID, Index: t.Index, Params: t.Params}
 	}

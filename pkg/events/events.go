@@ -70,6 +70,10 @@ type Run struct {
 	// Capacity is where the attempt's GPU workers came from (running and
 	// terminal events).
 	Capacity *Capacity `json:"capacity,omitempty"`
+	// Images are the Ray containers' images (every event of an admitted
+	// run): the deployment's trainer image by digest, so that the run can
+	// be reproduced, or the images the spec named.
+	Images *Images `json:"images,omitempty"`
 
 	Checkpoints      []checkpoints.Checkpoint `json:"checkpoints,omitempty"`
 	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
@@ -97,6 +101,16 @@ type Run struct {
 	EstimatedCostUSD *float64           `json:"estimatedCostUsd,omitempty"`
 	StartedAt        *time.Time         `json:"startedAt,omitempty"`
 	EndedAt          *time.Time         `json:"endedAt,omitempty"`
+}
+
+// Images are the images a run's Ray containers run.
+type Images struct {
+	Head    string `json:"head"`
+	Workers string `json:"workers"`
+	// Trainer: both are the deployment's trainer image, whose locked
+	// dependencies are installed (trainer/image): the runtime env installs
+	// nothing. False: the runtime env pip-installs trainer/requirements.txt.
+	Trainer bool `json:"trainer"`
 }
 
 // Capacity is where an attempt's GPU workers came from.

@@ -88,7 +88,16 @@ func Schema(phase string) []byte {
 			},
 		},
 		"dataCheck": dataCheckSchema(),
-		"report":    map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
+		"images": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"head", "workers", "trainer"},
+			"description": "the images the run's Ray containers run (the deployment's trainer image by digest where the spec named none); trainer: both are the trainer image (trainer/image), so the runtime env installed nothing, else it pip-installed the trainer's requirements on every node",
+			"properties": map[string]any{
+				"head":    str,
+				"workers": str,
+				"trainer": map[string]any{"type": "boolean"},
+			},
+		},
+		"report": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",

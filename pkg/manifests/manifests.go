@@ -53,6 +53,10 @@ type Run struct {
 	// training reads it rather than the spec's revision, which may have
 	// moved since.
 	DatasetRevision string
+	// Preinstalled: the head and the workers run the deployment's trainer
+	// image, which holds the trainer's locked dependencies, so the runtime
+	// env installs nothing (runs.Record.TrainerImage).
+	Preinstalled bool
 }
 
 // checkpointURIRE allows the checkpoint URIs Ray Train writes, and nothing a
@@ -133,7 +137,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 	cm := names.TrainerConfigMap(code.Hash)
 	head := corev1.Container{
 		Name:  headContainer,
-		Image: c.Head.Image,
+		Image: c.HeadImage(),
 		Ports: []corev1.ContainerPort{
 			{ContainerPort: 6379, Name: "gcs"},
 			{ContainerPort: 8265, Name: "dashboard"},
@@ -146,7 +150,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 	scratch := s.WorkerScratch()
 	worker := corev1.Container{
 		Name:  workerContaine,
-		Image: c.Workers.Image,
+		Image: c.WorkerImage(),
 		// The scratch size is the container's ephemeral storage request and
 		// limit: Autopilot gives a container that requests none 1 GiB
 		// (https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-resource-requests,
@@ -314,7 +318,7 @@ func RayJob(s *spec.JobSpec, run Run) *rayv1.RayJob {
 		},
 		Spec: rayv1.RayJobSpec{
 			Entrypoint:      Entrypoint(s, run),
-			RuntimeEnvYAML:  RuntimeEnvYAML(s),
+			RuntimeEnvYAML:  RuntimeEnvYAML(s, run),
 			ClusterSelector: map[string]string{"ray.io/cluster": s.Cluster.Name},
 			JobId:           names.SubmissionID(run.ID, run.Attempt),
 		},
@@ -484,13 +488,18 @@ func DatasetFormat(s *spec.JobSpec) string {
 }
 
 // RuntimeEnvYAML is the RayJob runtime env: the trainer's pinned
-// requirements, the single source of truth shared with its tests, the job
+// requirements, the single source of truth shared with its tests, unless
+// the run's images hold them already (run.Preinstalled); the job
 // supervisor's stop wait and the dataset format.
-func RuntimeEnvYAML(s *spec.JobSpec) string {
+func RuntimeEnvYAML(s *spec.JobSpec, run Run) string {
+	var pip []string
+	if !run.Preinstalled {
+		pip = trainer.Requirements()
+	}
 	b, err := yaml.Marshal(struct {
-		Pip     []string          `json:"pip"`
+		Pip     []string          `json:"pip,omitempty"`
 		EnvVars map[string]string `json:"env_vars"`
-	}{trainer.Requirements(), map[string]string{
+	}{pip, map[string]string{
 		"RAY_JOB_STOP_WAIT_TIME_S": strconv.Itoa(StopWaitSeconds),
 		DatasetFormatEnv:           DatasetFormat(s),
 	}})

@@ -307,7 +307,7 @@ func TestRuntimeEnv(t *testing.T) {
 		Pip     []string          `json:"pip"`
 		EnvVars map[string]string `json:"env_vars"`
 	}
-	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(exampleSpec(t))), &env); err != nil {
+	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(exampleSpec(t), manifests.Run{})), &env); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(env.Pip, reqs) {
@@ -327,6 +327,33 @@ func TestRuntimeEnv(t *testing.T) {
 	for _, r := range reqs {
 		if !strings.Contains(r, "==") {
 			t.Errorf("requirement %q is not pinned with ==", r)
+		}
+	}
+}
+
+// TestPreinstalledRunInstallsNothing: a run on the deployment's trainer
+// image (its dependencies installed from the lock) renders no pip in its
+// runtime env, and keeps the rest of it; the stock image keeps the pip list.
+func TestPreinstalledRunInstallsNothing(t *testing.T) {
+	s := exampleSpec(t)
+	for _, tt := range []struct {
+		run     manifests.Run
+		wantPip bool
+	}{
+		{manifests.Run{ID: "r-1", Attempt: 1, Preinstalled: true}, false},
+		{manifests.Run{ID: "r-1", Attempt: 1}, true},
+	} {
+		yml := manifests.RayJob(s, tt.run).Spec.RuntimeEnvYAML
+		var env map[string]any
+		if err := yaml.Unmarshal([]byte(yml), &env); err != nil {
+			t.Fatal(err)
+		}
+		if _, has := env["pip"]; has != tt.wantPip {
+			t.Errorf("preinstalled=%v: runtime env has pip %v, want %v:\n%s", tt.run.Preinstalled, has, tt.wantPip, yml)
+		}
+		vars, _ := env["env_vars"].(map[string]any)
+		if vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil || vars[manifests.DatasetFormatEnv] == nil {
+			t.Errorf("preinstalled=%v: runtime env lost its variables:\n%s", tt.run.Preinstalled, yml)
 		}
 	}
 }
@@ -395,7 +422,7 @@ func TestFreeTextTravelsAsData(t *testing.T) {
 	var env struct {
 		EnvVars map[string]string `json:"env_vars"`
 	}
-	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(s)), &env); err != nil {
+	if err := yaml.Unmarshal([]byte(manifests.RuntimeEnvYAML(s, manifests.Run{})), &env); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {

@@ -202,6 +202,9 @@ func (d *Deps) startTrial(ctx context.Context, sw *sweeps.Record, t sweeps.Trial
 		return Permanent(fmt.Errorf("sweep %s, trial %d: %w", sw.SweepID, t.Index, err))
 	}
 	rec := runs.NewRecord(t.RunID, sw.Source, sw.Name, ts, nil, d.Time())
+	// The sweep's spec has the images its own admission gave it: a trial
+	// runs the deployment's trainer image only if it is still that one.
+	rec.UseImages(d.Config.TrainerImage)
 	rec.Trial = &runs.TrialOf{SweepID: sw.SweepID, Index: t.Index, Params: t.Params}
 	if sw.CancelRequested {
 		// Started before the sweep's cancellation, recorded after it: it

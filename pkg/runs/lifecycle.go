@@ -229,6 +229,29 @@ func NewRecord(runID, source, name string, s *spec.JobSpec, problems spec.Proble
 	return r
 }
 
+// UseImages gives the run's Ray containers the deployment's trainer image
+// (trainerImage, by digest; "" for a deployment without one) where the
+// spec names no image, and records it as the run's TrainerImage when both
+// the head and the workers run it. It is done once, at admission: a run
+// keeps the image it was admitted with, through every retry, whatever the
+// deployment's image later becomes. Without a trainer image an unnamed
+// image stays empty: the stock Ray image (spec.Cluster.HeadImage).
+func (r *Record) UseImages(trainerImage string) {
+	if r.Spec == nil || trainerImage == "" {
+		return
+	}
+	c := &r.Spec.Cluster
+	if c.Head.Image == "" {
+		c.Head.Image = trainerImage
+	}
+	if c.Workers.Image == "" {
+		c.Workers.Image = trainerImage
+	}
+	if c.Head.Image == trainerImage && c.Workers.Image == trainerImage {
+		r.TrainerImage = trainerImage
+	}
+}
+
 // MarkQueued records that the run waits for its cluster, held by holder.
 func (r *Record) MarkQueued(holder string, now time.Time) error {
 	if err := r.allow(ToQueued); err != nil {

@@ -273,3 +273,31 @@ func TestEndingsLand(t *testing.T) {
 		t.Errorf("a stopped trial with unreadable results ends %s (%s), %v", r.Phase, r.Reason, err)
 	}
 }
+
+// TestUseImages: admission gives every container the spec names no image
+// the deployment's trainer image, and records it as the run's only when
+// the head and the workers both run it; without one, nothing changes (the
+// stock images, with pip).
+func TestUseImages(t *testing.T) {
+	const trainer = "r.example/raydrop/trainer@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, tt := range []struct {
+		name                 string
+		head, workers, image string
+		wantHead, wantWorker string
+		wantTrainer          string
+	}{
+		{"both unnamed", "", "", trainer, trainer, trainer, trainer},
+		{"workers named", "", "my/ray:gpu", trainer, trainer, "my/ray:gpu", ""},
+		{"both named the trainer image", trainer, trainer, trainer, trainer, trainer, trainer},
+		{"no trainer image", "", "", "", "rayproject/ray:2.48.0", "rayproject/ray:2.48.0-gpu", ""},
+		{"stock named", "rayproject/ray:2.48.0", "rayproject/ray:2.48.0-gpu", trainer, "rayproject/ray:2.48.0", "rayproject/ray:2.48.0-gpu", ""},
+	} {
+		s := spec.Defaults()
+		s.Cluster.Head.Image, s.Cluster.Workers.Image = tt.head, tt.workers
+		r := &Record{Spec: &s}
+		r.UseImages(tt.image)
+		if got := [3]string{s.Cluster.HeadImage(), s.Cluster.WorkerImage(), r.TrainerImage}; got != [3]string{tt.wantHead, tt.wantWorker, tt.wantTrainer} {
+			t.Errorf("%s: head, workers, trainer image = %q, want %q", tt.name, got, [3]string{tt.wantHead, tt.wantWorker, tt.wantTrainer})
+		}
+	}
+}

@@ -31,6 +31,10 @@ type Record struct {
 	Problems []spec.Problem `json:"problems,omitempty"`
 
 	Spec *spec.JobSpec `json:"spec,omitempty"`
+	// TrainerImage is the deployment's trainer image (by digest) when the
+	// head and the workers both run it (UseImages): its dependencies are
+	// installed, so the run's runtime env installs nothing.
+	TrainerImage string `json:"trainerImage,omitempty"`
 	// Trial is the sweep the run is a trial of, nil for a run of its own.
 	Trial     *TrialOf `json:"trial,omitempty"`
 	Cluster   string   `json:"cluster,omitempty"`

@@ -148,6 +148,34 @@ type Cluster struct {
 	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
 }
 
+// StockImage is the stock Ray image of version rayVersion: the head's, or
+// with gpu the workers' (CUDA). Its Python is 3.9 for Ray 2.48: the trainer
+// image (trainer/image) is built on the py311 variant instead.
+func StockImage(rayVersion string, gpu bool) string {
+	if gpu {
+		return "rayproject/ray:" + rayVersion + "-gpu"
+	}
+	return "rayproject/ray:" + rayVersion
+}
+
+// HeadImage is the head container's image: cluster.head.image, else the
+// stock Ray image (a spec the pipeline admitted names the deployment's
+// trainer image there when the deployment has one: runs.Record.UseImages).
+func (c Cluster) HeadImage() string {
+	if c.Head.Image != "" {
+		return c.Head.Image
+	}
+	return StockImage(c.RayVersion, false)
+}
+
+// WorkerImage is the workers' image, as HeadImage is the head's.
+func (c Cluster) WorkerImage() string {
+	if c.Workers.Image != "" {
+		return c.Workers.Image
+	}
+	return StockImage(c.RayVersion, true)
+}
+
 // The dataset formats.
 const (
 	FormatTemplate = "template" // columns fill dataset.template
@@ -181,7 +209,7 @@ type SecretRef struct {
 
 // Head sizes the Ray head pod.
 type Head struct {
-	Image            string `json:"image" spec:"kind=image" doc:"Head container image."`
+	Image            string `json:"image" spec:"optional,kind=image" doc:"Head container image. Empty: the deployment's trainer image (RAYDROP_TRAINER_IMAGE, built from trainer/image with the trainer's dependencies installed), else the stock rayproject/ray:<rayVersion>; an image other than the trainer image has the trainer's requirements pip-installed by the runtime env on every node."`
 	CPU              string `json:"cpu" spec:"kind=quantity" doc:"CPU request and limit."`
 	Memory           string `json:"memory" spec:"kind=quantity" doc:"Memory request and limit."`
 	EphemeralStorage string `json:"ephemeralStorage" spec:"kind=quantity" doc:"Ephemeral storage request and limit."`
@@ -190,7 +218,7 @@ type Head struct {
 // WorkerPool sizes the GPU worker group and places it on the reserved nodes.
 type WorkerPool struct {
 	GroupName        string `json:"groupName" spec:"kind=dns1123,max=63" doc:"Worker group name."`
-	Image            string `json:"image" spec:"kind=image" doc:"Worker container image."`
+	Image            string `json:"image" spec:"optional,kind=image" doc:"Worker container image. Empty: the deployment's trainer image (RAYDROP_TRAINER_IMAGE), else the stock rayproject/ray:<rayVersion>-gpu; an image other than the trainer image has the trainer's requirements pip-installed by the runtime env on every node."`
 	Replicas         int    `json:"replicas" spec:"min=0,max=1000" doc:"Worker pods (nodes) while a run is active."`
 	MinReplicas      int    `json:"minReplicas" spec:"min=0,max=1000" doc:"Lower bound for the autoscaler while a run is active."`
 	MaxReplicas      int    `json:"maxReplicas" spec:"min=1,max=1000" doc:"Upper bound for the autoscaler."`
@@ -277,14 +305,12 @@ func Defaults() JobSpec {
 			RayVersion: "2.48.0",
 			HFSecret:   SecretRef{Name: "hf-secret", Key: "hf_api_token"},
 			Head: Head{
-				Image:            "rayproject/ray:2.48.0",
 				CPU:              "24",
 				Memory:           "64Gi",
 				EphemeralStorage: "9Gi",
 			},
 			Workers: WorkerPool{
 				GroupName:        "gpu-group",
-				Image:            "rayproject/ray:2.48.0-gpu",
 				Replicas:         2,
 				MinReplicas:      1,
 				MaxReplicas:      5,

@@ -64,8 +64,11 @@ func TestDefaultsAreReference(t *testing.T) {
 		{"accelerator type", d.Training.AcceleratorType, "B200"},
 		{"replicas", d.Cluster.Workers.Replicas, 2},
 		{"gpus", d.Cluster.Workers.GPUs, 8},
-		{"head image", d.Cluster.Head.Image, "rayproject/ray:2.48.0"},
-		{"worker image", d.Cluster.Workers.Image, "rayproject/ray:2.48.0-gpu"},
+		// Empty: the deployment's trainer image, else the stock Ray images.
+		{"head image", d.Cluster.Head.Image, ""},
+		{"worker image", d.Cluster.Workers.Image, ""},
+		{"stock head image", d.Cluster.HeadImage(), "rayproject/ray:2.48.0"},
+		{"stock worker image", d.Cluster.WorkerImage(), "rayproject/ray:2.48.0-gpu"},
 		{"head cpu", d.Cluster.Head.CPU, "24"},
 		{"head memory", d.Cluster.Head.Memory, "64Gi"},
 		{"head storage", d.Cluster.Head.EphemeralStorage, "9Gi"},

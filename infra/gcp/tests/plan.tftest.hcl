@@ -364,3 +364,65 @@ run "several_buckets" {
     )), want)])}"
   }
 }
+
+# The trainer image: built by default into the deployment's own repository,
+# pulled by the nodes' account, its tag a hash of trainer/image. Its digest
+# (the functions' RAYDROP_TRAINER_IMAGE) is read after the build, at apply:
+# unknown in a plan, as in a real one.
+run "trainer_image_built" {
+  command = plan
+
+  assert {
+    condition     = length(google_artifact_registry_repository.trainer) == 1 && length(terraform_data.trainer_build) == 1 && length(data.google_artifact_registry_docker_image.trainer) == 1
+    error_message = "The defaults do not build the trainer image."
+  }
+
+  assert {
+    condition     = google_artifact_registry_repository_iam_member.nodes_pull[0].member == "serviceAccount:123456789012-compute@developer.gserviceaccount.com" && google_artifact_registry_repository_iam_member.nodes_pull[0].role == "roles/artifactregistry.reader"
+    error_message = "The nodes' default account may not pull the trainer image."
+  }
+
+  assert {
+    condition     = length(regexall("^[0-9a-f]{20}$", local.trainer_image_tag)) == 1 && contains(local.services, "containerfilesystem.googleapis.com")
+    error_message = "The trainer image's tag is not a content hash, or image streaming's API is not on: ${local.trainer_image_tag}"
+  }
+}
+
+# An image built elsewhere, by digest: used as it is, nothing built.
+run "trainer_image_given" {
+  command = plan
+
+  variables {
+    trainer_image = "us-docker.pkg.dev/central/raydrop/trainer@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  }
+
+  assert {
+    condition     = local.function_env.RAYDROP_TRAINER_IMAGE == var.trainer_image && length(terraform_data.trainer_build) == 0 && length(google_artifact_registry_repository.trainer) == 0
+    error_message = "A given trainer image is not the functions' as it is, or an image is still built."
+  }
+}
+
+# No trainer image: the stock Ray images, with pip.
+run "trainer_image_none" {
+  command = plan
+
+  variables {
+    build_trainer_image = false
+  }
+
+  assert {
+    condition     = local.function_env.RAYDROP_TRAINER_IMAGE == "" && length(google_service_account.image_build) == 0
+    error_message = "build_trainer_image = false still builds or names a trainer image."
+  }
+}
+
+# A trainer image named by a tag is refused: it could move under a run.
+run "trainer_image_by_tag" {
+  command = plan
+
+  variables {
+    trainer_image = "us-docker.pkg.dev/central/raydrop/trainer:latest"
+  }
+
+  expect_failures = [var.trainer_image]
+}

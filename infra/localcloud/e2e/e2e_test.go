@@ -17,6 +17,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
@@ -198,6 +199,24 @@ func TestSucceeds(t *testing.T) {
 	}
 	if n := rayJobsOf(t, runID); n != 1 {
 		t.Errorf("%d RayJobs, want 1", n)
+	}
+	// The deployment's trainer image, by digest, in the events; its RayJob
+	// installs nothing.
+	if want := (events.Images{Head: stack.TrainerImage, Workers: stack.TrainerImage, Trainer: true}); final.Images == nil || *final.Images != want {
+		t.Errorf("succeeded event's images %+v, want %+v", final.Images, want)
+	}
+	jobs, err := ray.RayV1().RayJobs("default").List(context.Background(), metav1.ListOptions{LabelSelector: names.LabelRunID + "=" + runID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range jobs.Items {
+		var env map[string]any
+		if err := yaml.Unmarshal([]byte(j.Spec.RuntimeEnvYAML), &env); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := env["pip"]; ok {
+			t.Errorf("RayJob %s on the trainer image installs packages:\n%s", j.Name, j.Spec.RuntimeEnvYAML)
+		}
 	}
 	waitNoWorkers(t, "e2e-success")
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/strictgcs"
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/wiring"
+	"github.com/raydrop/raydrop/trainer"
 )
 
 // Names of the local deployment.
@@ -66,6 +67,14 @@ const (
 
 // Topics of the deployment, as the functions' defaults name them.
 var Topics = wiring.DefaultTopics()
+
+// TrainerImage is the local cloud's trainer image (RAYDROP_TRAINER_IMAGE).
+// Simulated: nothing here builds or pulls an image, and kubesim's pods run
+// no container. It is named by a digest of trainer/image's files
+// (trainer.ImageDigest), so it changes when the real image would, and the
+// pipeline treats it as a deployment's image: admitted runs name it and
+// their runtime env installs nothing.
+var TrainerImage = "localhost/raydrop/trainer@" + trainer.ImageDigest()
 
 // BuildEnv is the build environment of the deployed functions (the build
 // environment variables in infra/gcp/functions.tf): Cloud Storage's
