@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,6 +15,7 @@ type goPackage struct {
 	ImportPath string
 	Name       string
 	Doc        string
+	Imports    []string
 	Deps       []string
 }
 
@@ -73,13 +75,33 @@ func TestFunctionDependencies(t *testing.T) {
 	}
 }
 
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
+func contains(list []string, s string) bool { return slices.Contains(list, s) }
+
+// TestLayering keeps each concern in its home: the function machinery
+// (pkg/pipeline, functions/...) serves the functions alone. The report and
+// the CLI reach the records, events and adapters through their own
+// packages, never through it, and no other package imports pkg/pipeline
+// for a table, a helper or a type.
+func TestLayering(t *testing.T) {
+	const module = "github.com/raydrop/raydrop"
+	machinery := []string{module + "/pkg/pipeline", module + "/functions"}
+	for _, p := range listPackages(t, "./pkg/report", "./pkg/cli", "./cmd/raydrop") {
+		for _, d := range p.Deps {
+			for _, m := range machinery {
+				if d == m || strings.HasPrefix(d, m+"/") {
+					t.Errorf("%s depends on the function machinery (%s)", p.ImportPath, d)
+				}
+			}
 		}
 	}
-	return false
+	for _, p := range listPackages(t, "./...") {
+		if !contains(p.Imports, module+"/pkg/pipeline") {
+			continue
+		}
+		if !strings.HasPrefix(p.ImportPath, module+"/functions") && !strings.HasPrefix(p.ImportPath, module+"/pkg/pipeline/") {
+			t.Errorf("%s imports pkg/pipeline; only the functions and the pipeline's own test support may", p.ImportPath)
+		}
+	}
 }
 
 // TestHandlerFilesAreShort: every handler file reads top to bottom as the

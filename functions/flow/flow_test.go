@@ -627,16 +627,16 @@ func TestStalledStepResentOncePerStaleStep(t *testing.T) {
 	w.drop[finished] = 2 // the finished message and its first resend are lost
 	w.now = w.now.Add(25 * time.Hour)
 	w.tick() // deadline: FINISHING, finished sent (lost)
-	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.now = w.now.Add(runs.StaleStep + time.Second)
 	w.tick() // stale: resent (lost)
 	for range 5 {
-		w.now = w.now.Add(pipeline.StaleStep / 8)
+		w.now = w.now.Add(runs.StaleStep / 8)
 		w.tick() // frequent ticks: nothing more until a full StaleStep passed
 	}
 	if got := w.sent[finished]; got != 2 {
 		t.Fatalf("finished sent %d times within StaleStep of the resend, want 2 (original and one resend)", got)
 	}
-	w.now = w.now.Add(pipeline.StaleStep / 2)
+	w.now = w.now.Add(runs.StaleStep / 2)
 	w.tick() // stale again: resent, delivered
 	if got, r := w.sent[finished], w.record(runID); got != 3 || r.Phase != runs.Failed {
 		t.Errorf("finished sent %d times, phase %s; want 3 and FAILED", got, r.Phase)
@@ -759,7 +759,7 @@ func TestQueuedRunCancelledWhileItsFinishIsLost(t *testing.T) {
 	if r := w.record(c); r.Phase != runs.Queued {
 		t.Fatalf("third run %s, want QUEUED behind the cancelled run", r.Phase)
 	}
-	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.now = w.now.Add(runs.StaleStep + time.Second)
 	w.tick()
 	if r := w.record(b); r.Phase != runs.Cancelled || w.count("cancelled") != 1 {
 		t.Fatalf("cancelled run %s, %d cancelled events; want CANCELLED, 1", r.Phase, w.count("cancelled"))
@@ -800,9 +800,9 @@ func TestEndedRunAnnouncedAfterFinalizeDied(t *testing.T) {
 	if w.count("succeeded") != 0 || w.count("rejected") != 0 {
 		t.Fatalf("announced before StaleStep passed: %d succeeded, %d rejected", w.count("succeeded"), w.count("rejected"))
 	}
-	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.now = w.now.Add(runs.StaleStep + time.Second)
 	w.tick()
-	w.now = w.now.Add(pipeline.StaleStep + time.Second)
+	w.now = w.now.Add(runs.StaleStep + time.Second)
 	w.tick()
 	if w.count("succeeded") != 1 || w.count("rejected") != 1 || w.workers() != 0 {
 		t.Errorf("%d succeeded and %d rejected events, %d workers; want 1, 1, 0", w.count("succeeded"), w.count("rejected"), w.workers())
@@ -945,7 +945,7 @@ func TestUnreadableCheckpointsEndTheRun(t *testing.T) {
 				w.tick() // FINISHING; its finished message is lost until the bucket turns unreadable
 			}
 			w.deps.Objects = deniedBucket{w.deps.Objects, output}
-			w.now = w.now.Add(pipeline.StaleStep + time.Second)
+			w.now = w.now.Add(runs.StaleStep + time.Second)
 			w.tick()
 			for _, id := range []string{a, b} {
 				// b was handed the cluster, then met the same bucket.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
@@ -91,7 +90,7 @@ var errUnknownPhase = errors.New("the monitor does not know this phase")
 // observed, so that every phase and case is tested without I/O (decide_test.go).
 func Decide(o Observation) (Decision, error) {
 	r := o.Run
-	stale := o.Now.Sub(r.UpdatedAt) > pipeline.StaleStep
+	stale := o.Now.Sub(r.UpdatedAt) > runs.StaleStep
 	switch r.Phase {
 	case runs.Accepted, runs.Queued:
 		switch {

@@ -9,7 +9,6 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 	"github.com/raydrop/raydrop/pkg/wiring"
@@ -56,7 +55,7 @@ var (
 		r.Attempts = append(r.Attempts, runs.Attempt{N: 2, CreatedAt: t0})
 	}
 	running = job(rayv1.JobDeploymentStatusRunning, rayv1.JobStatusRunning)
-	stale   = t0.Add(pipeline.StaleStep + time.Second)
+	stale   = t0.Add(runs.StaleStep + time.Second)
 	soon    = t0.Add(time.Second)
 )
 

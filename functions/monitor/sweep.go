@@ -198,7 +198,7 @@ func (h *Handler) readmit(ctx context.Context, rec *runs.Record) error {
 	if rec.Phase == runs.Queued {
 		return d.Admit(ctx, rec)
 	}
-	if d.Time().Sub(rec.UpdatedAt) > pipeline.StaleStep {
+	if d.Time().Sub(rec.UpdatedAt) > runs.StaleStep {
 		// The intake delivery stopped after recording the run: announce it
 		// (a claim left by a delivery that died has expired by now), then
 		// admit it, as that delivery would have.

@@ -103,7 +103,7 @@ func Schema(phase string) []byte {
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",
 			"properties": map[string]any{
 				"tier":        map[string]any{"type": "string", "minLength": 1},
-				"type":        map[string]any{"enum": []string{spec.TierReservation, spec.TierFlexStart, spec.TierSpot, spec.TierOnDemand}},
+				"type":        map[string]any{"enum": spec.TierTypes},
 				"index":       map[string]any{"type": "integer", "minimum": 1},
 				"served":      map[string]any{"type": "boolean"},
 				"waitSeconds": map[string]any{"type": "number", "minimum": 0},

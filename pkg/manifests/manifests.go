@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -243,39 +245,91 @@ func WorkerPlacement(s *spec.JobSpec, tier int) (map[string]string, []corev1.Tol
 	if spec.NodeClassOf(w.Accelerator).LocalSSD {
 		sel[spec.NodeEphemeralLocalSSD] = "true"
 	}
-	switch t := s.Tier(tier); t.Type {
-	case spec.TierReservation:
-		sel[names.NodeReservation] = t.Reservation
-		sel[names.NodeReservationAffinity] = "specific"
+	t := s.Tier(tier)
+	p := placementOf(t.Type)
+	maps.Copy(sel, p.labels(t))
+	return sel, slices.Clone(p.tolerations)
+}
+
+// tierPlacement is what one capacity tier type asks of a node beyond what
+// every tier asks (the accelerator, its driver, local SSD).
+type tierPlacement struct {
+	typ string
+	// mark is the node selector key that this type alone sets, so its
+	// presence says the type; "" for onDemand, which sets none.
+	mark string
+	// labels are the node selector entries that ask for the tier's nodes.
+	labels func(spec.Tier) map[string]string
+	// tolerations are those of the taint the type's nodes carry.
+	tolerations []corev1.Toleration
+}
+
+// tierPlacements is the one table of the capacity tier types' node
+// selectors and tolerations, in spec.TierTypes' order: WorkerPlacement
+// renders it, TierType inverts it, and tierKeys are read from it.
+// TestTierTable fails when a type of spec.TierTypes has no row or a row
+// does not read back as its type.
+var tierPlacements = []tierPlacement{
+	{typ: spec.TierReservation, mark: names.NodeReservation, labels: func(t spec.Tier) map[string]string {
+		m := map[string]string{names.NodeReservation: t.Reservation, names.NodeReservationAffinity: "specific"}
 		if t.Project != "" {
-			sel[names.NodeReservationProject] = t.Project
+			m[names.NodeReservationProject] = t.Project
 		}
-	case spec.TierFlexStart:
-		sel[names.NodeFlexStart] = "true"
-	case spec.TierSpot:
-		sel[names.NodeSpot] = "true"
-		return sel, []corev1.Toleration{{Key: names.NodeSpot, Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+		return m
+	}},
+	{typ: spec.TierFlexStart, mark: names.NodeFlexStart, labels: fixed(names.NodeFlexStart, "true")},
+	{typ: spec.TierSpot, mark: names.NodeSpot, labels: fixed(names.NodeSpot, "true"),
+		tolerations: []corev1.Toleration{{Key: names.NodeSpot, Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}},
+	{typ: spec.TierOnDemand, labels: fixed()},
+}
+
+// fixed is a tier's labels that do not depend on the tier: key, value, ...
+func fixed(kv ...string) func(spec.Tier) map[string]string {
+	return func(spec.Tier) map[string]string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
 	}
-	return sel, nil
+}
+
+// placementOf is the table's row of tier type typ; validation admits no
+// other, and an unknown one asks for no more than the accelerator.
+func placementOf(typ string) tierPlacement {
+	for _, p := range tierPlacements {
+		if p.typ == typ {
+			return p
+		}
+	}
+	return tierPlacement{typ: typ, labels: fixed()}
 }
 
 // tierKeys are the node selector keys by which WorkerPlacement tells the
-// capacity tiers apart. The other keys are the same on every tier, and
-// GKE adds keys of its own to a pod's node selector at admission
-// (Autopilot's cloud.google.com/compute-class, kubernetes.io/arch, …), so
-// only these say which tier a pod asks for.
-var tierKeys = []string{names.NodeReservation, names.NodeReservationAffinity, names.NodeReservationProject, names.NodeFlexStart, names.NodeSpot}
+// capacity tiers apart: every key a row of the table may set. The other
+// keys are the same on every tier, and GKE adds keys of its own to a pod's
+// node selector at admission (Autopilot's cloud.google.com/compute-class,
+// kubernetes.io/arch, …), so only these say which tier a pod asks for.
+var tierKeys = func() []string {
+	var keys []string
+	for _, p := range tierPlacements {
+		for k := range p.labels(spec.Tier{Reservation: "r", Project: "p"}) {
+			if !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}()
 
 // TierType is the capacity tier type a pod's node selector asks for, read
-// from the keys WorkerPlacement sets for it alone.
+// from the key each type alone sets (the table's mark); onDemand sets none.
 func TierType(sel map[string]string) string {
-	switch {
-	case sel[names.NodeReservation] != "":
-		return spec.TierReservation
-	case sel[names.NodeFlexStart] == "true":
-		return spec.TierFlexStart
-	case sel[names.NodeSpot] == "true":
-		return spec.TierSpot
+	for _, p := range tierPlacements {
+		if p.mark != "" && sel[p.mark] != "" {
+			return p.typ
+		}
 	}
 	return spec.TierOnDemand
 }

@@ -613,6 +613,32 @@ func TestWorkerScratch(t *testing.T) {
 	}
 }
 
+// TestTierTable: every capacity tier type of spec.TierTypes renders a
+// placement that reads back as that type, and as no other tier's: a type
+// added to the spec without a row in the placement table fails here.
+func TestTierTable(t *testing.T) {
+	s := tieredSpec(t)
+	s.Cluster.Capacity = nil
+	for _, typ := range spec.TierTypes {
+		tier := spec.Tier{Type: typ}
+		if typ == spec.TierReservation {
+			tier.Reservation = "r"
+		}
+		s.Cluster.Capacity = append(s.Cluster.Capacity, tier)
+	}
+	for i, typ := range spec.TierTypes {
+		sel, _ := manifests.WorkerPlacement(s, i)
+		if got := manifests.TierType(sel); got != typ {
+			t.Errorf("tier type %s renders %v, which reads back as %s", typ, sel, got)
+		}
+		for j := range spec.TierTypes {
+			if on := manifests.OnTier(s, j, sel); on != (i == j) {
+				t.Errorf("a pod of tier %s on tier %s: %v", typ, spec.TierTypes[j], on)
+			}
+		}
+	}
+}
+
 // TestOnTier: a pod is on the tier whose distinguishing node selector keys
 // it carries, whatever keys GKE added beside them, and on no other.
 func TestOnTier(t *testing.T) {

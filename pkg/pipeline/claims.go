@@ -22,14 +22,14 @@ import (
 // Recovery after a crash. Every hop is delivered at least once, but a
 // delivery whose instance died may not come back soon, or at all (its
 // message can run out of delivery attempts), so the monitor's sweep is what
-// bounds recovery, and these constants fix the bound (RecoveryBound):
+// bounds recovery, and these constants fix the bound (runs.RecoveryBound):
 //
 //   - A delivery claims a public event before publishing it (Announce). The
 //     claim holds the others off for ClaimFor; the claimer publishes under a
 //     deadline of publishWithin, so a live claimer has published, or given
 //     its claim up, by then. Only a claimer that died leaves a claim behind,
 //     and it expires ClaimFor after it was taken.
-//   - A step whose record has not changed for StaleStep (a run ACCEPTED but
+//   - A step whose record has not changed for runs.StaleStep (a run ACCEPTED but
 //     never admitted, PROVISIONED never submitted, FINISHING never
 //     finalized, or ended but never announced) is driven on by the next
 //     sweep: it re-admits the run or resends the step's message. StaleStep
@@ -40,7 +40,6 @@ import (
 const (
 	ClaimFor      = 10 * time.Second
 	publishWithin = 5 * time.Second
-	StaleStep     = 20 * time.Second
 )
 
 // HolderWithoutRecord is how long a cluster's lease may name a run that
@@ -50,14 +49,6 @@ const (
 // functions' timeout, timeout_seconds in infra/gcp/functions.tf); only a
 // delivery that died and was never redelivered leaves such a lease.
 const HolderWithoutRecord = 10 * time.Minute
-
-// RecoveryBound is the longest a run stalls after the instance handling it
-// died, with ticks every tick: its last write is at most StaleStep old when
-// a sweep first sees it stale, and that sweep comes at most one tick later.
-// After that the run goes on as it would have. A redelivery of the dead
-// delivery usually comes sooner: Eventarc retries after 10 s or more, when
-// the dead delivery's claim has expired.
-func RecoveryBound(tick time.Duration) time.Duration { return StaleStep + tick }
 
 // errClaimed means another delivery is publishing this event right now.
 var errClaimed = errors.New("another delivery is publishing this event")

@@ -33,6 +33,14 @@ func history(phases []runs.Phase, published []runs.Phase, claims map[runs.Phase]
 	return r
 }
 
+// TestClaimExpiresBeforeAStepIsStale: a claim left by a dead delivery has
+// expired by the time the sweep retries its step, so the retry may publish.
+func TestClaimExpiresBeforeAStepIsStale(t *testing.T) {
+	if pipeline.ClaimFor >= runs.StaleStep {
+		t.Fatalf("ClaimFor %s is not shorter than runs.StaleStep %s", pipeline.ClaimFor, runs.StaleStep)
+	}
+}
+
 // TestClaimOwed: the events a delivery claims, in the order the run
 // entered their phases, stopping before one another delivery holds a
 // fresh claim to, so that no event overtakes an earlier one.

@@ -372,6 +372,11 @@ func (s *JobSpec) datasetChecks() Problems {
 // of: A4's B200s come from a reservation, flex-start or Spot VMs only.
 var noOnDemand = map[string]bool{"nvidia-b200": true}
 
+// tierTypesBut lists the capacity tier types other than typ, for a message.
+func tierTypesBut(typ string) string {
+	return strings.Join(slices.DeleteFunc(slices.Clone(TierTypes), func(t string) bool { return t == typ }), ", ")
+}
+
 // noFlexStart are the accelerators of the machine types flex-start does
 // not serve: A4X (GB200) and G4 (RTX PRO 6000).
 var noFlexStart = map[string]bool{"nvidia-gb200": true, "nvidia-rtx-pro-6000": true}
@@ -405,13 +410,13 @@ func (s *JobSpec) capacityChecks() Problems {
 			// to create instances or clusters, use Spot VMs, use Flex-start
 			// VMs, or create a resize request in a MIG."
 			// (https://cloud.google.com/compute/docs/accelerator-optimized-machines)
-			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("onDemand is not offered for %s GPUs (allowed: reservation, flexStart, spot)", s.Cluster.Workers.Accelerator)})
+			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("onDemand is not offered for %s GPUs (allowed: %s)", s.Cluster.Workers.Accelerator, tierTypesBut(TierOnDemand))})
 		}
 		if t.Type == TierFlexStart && noFlexStart[s.Cluster.Workers.Accelerator] {
 			// "Flex-start VMs support all accelerator-optimized machine
 			// types (except A4X and G4)"
 			// (https://cloud.google.com/compute/docs/instances/about-flex-start-vms)
-			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("flexStart is not offered for %s GPUs (allowed: reservation, spot, onDemand)", s.Cluster.Workers.Accelerator)})
+			ps = append(ps, Problem{Path: p + ".type", Message: fmt.Sprintf("flexStart is not offered for %s GPUs (allowed: %s)", s.Cluster.Workers.Accelerator, tierTypesBut(TierFlexStart))})
 		}
 		key := t.Type
 		if t.Type == TierReservation {

@@ -191,6 +191,12 @@ const (
 	TierOnDemand    = "onDemand"    // on-demand VMs, where the region has them
 )
 
+// TierTypes is every capacity tier type, in the order docs and messages
+// list them: the one list that the enum of Tier.Type (TestTierTypesEnum),
+// the node placements (manifests), the events' schema, the local cloud's
+// scenarios and the deployment's preflight read.
+var TierTypes = []string{TierReservation, TierFlexStart, TierSpot, TierOnDemand}
+
 // Tier is one way of getting the GPU nodes; cluster.capacity tries them in
 // order.
 type Tier struct {

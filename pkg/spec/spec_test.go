@@ -352,3 +352,21 @@ func TestExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestTierTypesEnum: the enum of cluster.capacity[].type is spec.TierTypes,
+// in its order.
+func TestTierTypesEnum(t *testing.T) {
+	f, ok := reflect.TypeFor[spec.Tier]().FieldByName("Type")
+	if !ok {
+		t.Fatal("spec.Tier has no Type field")
+	}
+	var enum string
+	for _, part := range strings.Split(f.Tag.Get("spec"), ",") {
+		if v, ok := strings.CutPrefix(part, "enum="); ok {
+			enum = v
+		}
+	}
+	if want := strings.Join(spec.TierTypes, "|"); enum != want {
+		t.Errorf("spec.Tier.Type's enum is %q, want spec.TierTypes %q", enum, want)
+	}
+}

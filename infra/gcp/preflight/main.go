@@ -74,7 +74,7 @@ func main() {
 	flag.StringVar(&tfvars, "tfvars", "", "the deployment's terraform.tfvars, read for its region")
 	flag.StringVar(&c.accelerator, "accelerator", "nvidia-b200", "the workers' accelerator (a job spec's cluster.workers.accelerator)")
 	flag.Float64Var(&c.gpus, "gpus", 16, "GPUs one run needs (workers × GPUs per worker)")
-	flag.StringVar(&tiers, "tiers", tierReservation, "comma-separated capacity tiers the job specs list: reservation, flexStart, spot, onDemand")
+	flag.StringVar(&tiers, "tiers", tierReservation, "comma-separated capacity tiers the job specs list: "+strings.Join(spec.TierTypes, ", "))
 	flag.StringVar(&c.cluster, "cluster", "", "an existing cluster's name (create_cluster = false)")
 	flag.StringVar(&c.location, "location", "", "the existing cluster's location")
 	flag.StringVar(&c.minVersion, "min-flex-version", minFlexStartVersion, "the oldest GKE version accepted for flex-start")
@@ -148,8 +148,8 @@ func regionOf(tfvars string) string {
 func check(c config, run gcloud, out io.Writer) error {
 	var errs []error
 	for _, t := range c.tiers {
-		if !slices.Contains([]string{tierReservation, tierFlexStart, tierSpot, tierOnDemand}, t) {
-			errs = append(errs, fmt.Errorf("unknown capacity tier %q", t))
+		if !slices.Contains(spec.TierTypes, t) {
+			errs = append(errs, fmt.Errorf("unknown capacity tier %q (allowed: %s)", t, strings.Join(spec.TierTypes, ", ")))
 		}
 	}
 	if len(errs) > 0 {

@@ -14,6 +14,8 @@ import (
 
 	"cloud.google.com/go/storage"
 	"google.golang.org/api/googleapi"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 )
 
 // store writes objects through the Cloud Storage client; with no client it
@@ -260,13 +262,13 @@ var finalKeys = []string{
 	"mean_token_accuracy", "num_tokens", "train_loss_tokens",
 }
 
-// writeMark writes raydrop_result.json the way trainer/result.py builds it
+// writeMark writes the completion mark (checkpoints.MarkFile) the way trainer/result.py builds it
 // from the trial's reports.
 func (t *trainer) writeMark(ctx context.Context, status string, errText any) error {
 	a := t.a
 	expURI := gsURI(a.bucket, a.experimentName())
 	var trialURI any
-	checkpoints := []any{}
+	written := []any{}
 	var latest any
 	final := map[string]any{}
 	if t.trial != "" {
@@ -284,7 +286,7 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 				}
 			}
 			path := tu + "/" + name
-			checkpoints = append(checkpoints, map[string]any{
+			written = append(written, map[string]any{
 				"path": path, "dirName": name, "modelPath": path + "/checkpoint",
 				"step": row["step"], "epoch": row["epoch"], "metrics": metrics,
 			})
@@ -317,12 +319,12 @@ func (t *trainer) writeMark(ctx context.Context, status string, errText any) err
 		"error":            errText,
 		"experimentPath":   expURI,
 		"trialPath":        trialURI,
-		"checkpoints":      checkpoints,
+		"checkpoints":      written,
 		"latestCheckpoint": latest,
 		"finalMetrics":     final,
 		"noticeSeen":       t.notice,
 	}
-	name := a.experimentName() + "/raydrop_result.json"
+	name := a.experimentName() + "/" + checkpoints.MarkFile
 	if err := t.st.put(ctx, a.bucket, name, mustJSON(doc)); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package kubesim
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,10 +79,8 @@ func parseRefuse(v string) (map[string]time.Duration, error) {
 	out := map[string]time.Duration{}
 	for _, item := range strings.Split(v, "/") {
 		tier, d, timed := strings.Cut(item, ":")
-		switch tier {
-		case spec.TierReservation, spec.TierFlexStart, spec.TierSpot, spec.TierOnDemand:
-		default:
-			return nil, fmt.Errorf("refuse: unknown capacity tier %q (allowed: reservation, flexStart, spot, onDemand)", tier)
+		if !slices.Contains(spec.TierTypes, tier) {
+			return nil, fmt.Errorf("refuse: unknown capacity tier %q (allowed: %s)", tier, strings.Join(spec.TierTypes, ", "))
 		}
 		out[tier] = 0
 		if timed {

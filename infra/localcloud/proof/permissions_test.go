@@ -22,7 +22,6 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
@@ -321,7 +320,7 @@ func testGrantsPropagating(t *testing.T) {
 	for _, d := range deliveries.by[key] {
 		// Past StaleStep the sweep may start the run with Monitor's grants,
 		// and a redelivery then rightly finds nothing left to do.
-		if d.Code >= 200 && d.Code <= 299 && d.Start.Before(revoked.Add(pipeline.StaleStep)) {
+		if d.Code >= 200 && d.Code <= 299 && d.Start.Before(revoked.Add(runs.StaleStep)) {
 			problems = append(problems, fmt.Sprintf("Provision acknowledged the job (%d) while its grant was missing: the event was dropped", d.Code))
 		}
 	}

@@ -24,7 +24,6 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/proof"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -34,11 +33,11 @@ const output = "raydrop-proof-checkpoints"
 const tick = 2 * time.Second
 
 // A run stalled by a crash goes on within the pipeline's recovery bound
-// (pipeline.RecoveryBound: StaleStep plus a tick). The suite waits that
+// (runs.RecoveryBound: StaleStep plus a tick). The suite waits that
 // bound plus recoveryMargin, which covers what the bound leaves out on this
 // machine: the sweep itself and the deliveries queued behind the other
 // scenarios' (the emulator pushes two at a time per subscription).
-var recoveryBound = pipeline.RecoveryBound(tick)
+var recoveryBound = runs.RecoveryBound(tick)
 
 const recoveryMargin = 15 * time.Second
 

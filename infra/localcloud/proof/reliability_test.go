@@ -20,7 +20,6 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/names"
-	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -44,7 +43,7 @@ func crashLane(t *testing.T, fn string) {
 	scenario := "crash " + fn
 	cluster := "crash-" + strings.ToLower(fn)
 	report.Note(scenario, fmt.Sprintf("recovery bound %s (StaleStep %s + tick %s); each terminal event waited for up to that + %s margin after its run ended",
-		recoveryBound, pipeline.StaleStep, tick, recoveryMargin))
+		recoveryBound, runs.StaleStep, tick, recoveryMargin))
 	for k := 1; k <= 12; k++ {
 		runID := fmt.Sprintf("crash-%s-%d", strings.ToLower(fn), k)
 		// The run's own writes, and every Kubernetes create: a create is

@@ -26,6 +26,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
 // footprint starts raydrop's function binary (serving Provision) and the
@@ -174,7 +175,10 @@ type counter struct {
 
 func (b *bench) countTopics(ctx context.Context, tag string) (*counter, error) {
 	c := &counter{counts: map[string]int{}}
-	topics := []string{stack.Topics.Requests, stack.Topics.Provisioned, stack.Topics.Submitted, stack.Topics.Finished, stack.Topics.Events, stack.Topics.Ticks}
+	var topics []string
+	for _, k := range wiring.TopicKeys {
+		topics = append(topics, stack.Topics.Name(k))
+	}
 	for _, topic := range topics {
 		sub := "bench-" + tag + "-" + topic
 		if err := b.st.PubSub.Tap(ctx, topic, sub, func(context.Context, *pubsubpb.PubsubMessage) bool {
