@@ -17,8 +17,8 @@ import (
 
 type idKey struct{}
 
-// post sends a binary-mode CloudEvent with id, under timeout.
-func post(url, id string, timeout time.Duration) (int, error) {
+// post sends a binary-mode CloudEvent with id, under timeout, through c.
+func post(c *http.Client, url, id string, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"n":1}`))
@@ -27,7 +27,7 @@ func post(url, id string, timeout time.Duration) (int, error) {
 	req.Header.Set("ce-type", "dev.raydrop.test")
 	req.Header.Set("ce-source", "//test")
 	req.Header.Set("content-type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -61,16 +61,22 @@ func TestEachRequestKeepsItsEventAndContext(t *testing.T) {
 	}))
 	defer srv.Close()
 
+	// The senders that give up use connections of their own: the client's
+	// transport may hand a connection being dialled for a request that was
+	// given up to another waiting request, with the first one's error,
+	// which would fail a kept delivery for a reason outside the server.
+	giveUp := &http.Client{Transport: &http.Transport{}}
+	defer giveUp.CloseIdleConnections()
 	var wg sync.WaitGroup
 	errs := make(chan error, 2000)
 	for i := range 2000 {
 		wg.Go(func() {
 			if i%2 == 0 {
-				_, _ = post(srv.URL, fmt.Sprintf("slow-%d", i), time.Duration(i%7)*time.Millisecond)
+				_, _ = post(giveUp, srv.URL, fmt.Sprintf("slow-%d", i), time.Duration(i%7)*time.Millisecond)
 				return
 			}
 			start := time.Now()
-			code, err := post(srv.URL, fmt.Sprintf("fast-%d", i), 5*time.Second)
+			code, err := post(http.DefaultClient, srv.URL, fmt.Sprintf("fast-%d", i), 5*time.Second)
 			if err != nil || code != http.StatusNoContent {
 				errs <- fmt.Errorf("delivery %d: %d after %v: %w", i, code, time.Since(start), err)
 			}
@@ -98,10 +104,10 @@ func TestAnswers(t *testing.T) {
 		return nil
 	}))
 	defer srv.Close()
-	if code, err := post(srv.URL, "ok", time.Second); err != nil || code != http.StatusNoContent {
+	if code, err := post(http.DefaultClient, srv.URL, "ok", time.Second); err != nil || code != http.StatusNoContent {
 		t.Errorf("success: %d %v", code, err)
 	}
-	if code, err := post(srv.URL, "fail", time.Second); err != nil || code != http.StatusInternalServerError {
+	if code, err := post(http.DefaultClient, srv.URL, "fail", time.Second); err != nil || code != http.StatusInternalServerError {
 		t.Errorf("handler error: %d %v, want 500 (redelivered)", code, err)
 	}
 	resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{}`))
