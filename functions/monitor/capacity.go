@@ -30,6 +30,10 @@ type Workers struct {
 	// DisruptionTarget condition) or that a node shutdown terminated, as
 	// "pod: reason".
 	Disrupted []string
+	// Startup is how the running workers came up, once every worker the
+	// attempt needs runs and each pod says when it was scheduled and its
+	// containers started; nil before.
+	Startup *runs.Startup
 }
 
 // capacity judges an attempt whose workers do not all run yet: after its

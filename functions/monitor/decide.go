@@ -72,8 +72,10 @@ type Decision struct {
 	Pending []string
 	// ServedOn, for a Progress that starts the attempt running or a
 	// Succeed of an attempt no check saw running, is the capacity tier its
-	// workers run on (-1: as recorded).
+	// workers run on (-1: as recorded), and Startup how they came up (nil:
+	// unknown).
 	ServedOn int
+	Startup  *runs.Startup
 	// Check, for a Finish that ends a data check, is what it found, recorded
 	// in the same write.
 	Check *checkpoints.DataCheck
@@ -205,11 +207,7 @@ func decideJob(o Observation) (Decision, error) {
 		return withEvidence(capacity(o, a), evidence), nil
 	}
 	if st.JobStatus == rayv1.JobStatusRunning {
-		d := Decision{Action: Progress, ServedOn: -1}
-		if a.RunningAt == nil && o.Workers != nil {
-			d.ServedOn = o.Workers.ServedOn
-		}
-		return withEvidence(d, evidence), nil
+		return withEvidence(started(o, a, Decision{Action: Progress}), evidence), nil
 	}
 	return withEvidence(Decision{Action: Wait}, evidence), nil
 }
@@ -220,9 +218,15 @@ func decideJob(o Observation) (Decision, error) {
 // update and the record's) would otherwise leave the attempt on the tier
 // it left, and price it there.
 func succeed(o Observation, a *runs.Attempt) Decision {
-	d := Decision{Action: Succeed, ServedOn: -1}
+	return started(o, a, Decision{Action: Succeed})
+}
+
+// started is d with the tier the workers run on and how they came up, for
+// an attempt not yet recorded running (ServedOn -1 otherwise).
+func started(o Observation, a *runs.Attempt, d Decision) Decision {
+	d.ServedOn = -1
 	if a.RunningAt == nil && o.Workers != nil {
-		d.ServedOn = o.Workers.ServedOn
+		d.ServedOn, d.Startup = o.Workers.ServedOn, o.Workers.Startup
 	}
 	return d
 }

@@ -214,13 +214,15 @@ func TestDecideCapacity(t *testing.T) {
 	}
 	// The tier the running workers' nodes are on is the one that served
 	// the attempt, whatever tier it waited on last.
-	d, _ := Decide(Observation{Run: tiered(runs.Submitted, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2}, Now: soon})
-	if d.Action != Progress || d.ServedOn != 2 {
-		t.Errorf("workers running on tier 3: %+v, want progress served on tier index 2", d)
+	// So is how they came up.
+	up := &runs.Startup{ScheduledAt: t0.Add(time.Minute), StartedAt: t0.Add(2 * time.Minute)}
+	d, _ := Decide(Observation{Run: tiered(runs.Submitted, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2, Startup: up}, Now: soon})
+	if d.Action != Progress || d.ServedOn != 2 || d.Startup != up {
+		t.Errorf("workers running on tier 3: %+v, want progress served on tier index 2 with their start-up", d)
 	}
-	d, _ = Decide(Observation{Run: tiered(runs.Running, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2}, Now: soon})
-	if d.ServedOn != -1 {
-		t.Errorf("a running attempt's tier changed: %+v", d)
+	d, _ = Decide(Observation{Run: tiered(runs.Running, 0), Job: running, Workers: &Workers{Need: 2, Running: 2, ServedOn: 2, Startup: up}, Now: soon})
+	if d.ServedOn != -1 || d.Startup != nil {
+		t.Errorf("a running attempt's tier or start-up changed: %+v", d)
 	}
 	// A job so short that no check saw it running: its success says which
 	// tier served it (the record may still name the tier it moved from,

@@ -185,7 +185,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		}
 		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, d.Ending, before)
 	case Progress:
-		return h.progress(ctx, rec, files, d.ServedOn)
+		return h.progress(ctx, rec, files, d)
 	case Succeed:
 		// A job so short that no check saw it running is recorded as having
 		// run, in the same write: subscribers get running before succeeded.
@@ -193,9 +193,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		if rec.Phase == runs.Submitted {
 			p := h.latest(ctx, rec, files)
 			ran = func(r *runs.Record) {
-				if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil && d.ServedOn >= 0 {
-					a.Tier = d.ServedOn
-				}
+				r.NoteStarted(rec.Attempt, d.ServedOn, d.Startup)
 				if r.MarkRunning(rec.Attempt, h.Deps.Time()) == nil && p != nil {
 					r.Progress = p
 				}

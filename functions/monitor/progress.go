@@ -7,10 +7,10 @@ import (
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// progress records that the attempt runs (on capacity tier servedOn, when
-// not -1), with its latest step, epoch and loss, and announces the running
-// phase once.
-func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles, servedOn int) error {
+// progress records that the attempt runs (on the capacity tier and with
+// the start-up d says), with its latest step, epoch and loss, and announces
+// the running phase once.
+func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles, d Decision) error {
 	p := h.latest(ctx, rec, files)
 	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
 		return nil // nothing new since the record was read: no second read, no write
@@ -21,9 +21,7 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 		if r.Attempt != attempt {
 			return runs.ErrNoChange
 		}
-		if a := r.CurrentAttempt(); a != nil && a.RunningAt == nil && servedOn >= 0 {
-			a.Tier = servedOn
-		}
+		r.NoteStarted(attempt, d.ServedOn, d.Startup)
 		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
 		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
 			return runs.ErrNoChange

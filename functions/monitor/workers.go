@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -31,6 +32,7 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 	s := rec.Spec
 	w := &Workers{Need: (s.Training.Workers + s.Cluster.Workers.GPUs - 1) / s.Cluster.Workers.GPUs, ServedOn: -1}
 	w.Disrupted = lostDuring(rec.CurrentAttempt(), events)
+	var up startup
 	for _, p := range pods {
 		if why, at := disruption(&p); why != "" {
 			// A pod an earlier attempt lost may linger until KubeRay
@@ -44,6 +46,7 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 		case p.DeletionTimestamp != nil:
 		case p.Status.Phase == corev1.PodRunning:
 			w.Running++
+			up.add(&p)
 			// By the keys that tell tiers apart: GKE adds keys of its
 			// own to a pod's node selector at admission.
 			for i := range s.Tiers() {
@@ -64,7 +67,55 @@ func (h *Handler) workers(ctx context.Context, rec *runs.Record, listed *listing
 			}
 		}
 	}
+	if w.Running >= w.Need {
+		w.Startup = up.value()
+	}
 	return w, nil
+}
+
+// startup gathers, over the running worker pods, when the last was bound
+// to a node and when the last one's containers started.
+type startup struct {
+	runs.Startup
+	unknown bool // a running pod that does not say
+}
+
+func (u *startup) add(p *corev1.Pod) {
+	var scheduled, started time.Time
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			scheduled = c.LastTransitionTime.Time
+		}
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.State.Running == nil {
+			u.unknown = true
+			return
+		}
+		started = later(started, c.State.Running.StartedAt.Time)
+	}
+	if scheduled.IsZero() || started.IsZero() {
+		u.unknown = true
+		return
+	}
+	u.ScheduledAt, u.StartedAt = later(u.ScheduledAt, scheduled), later(u.StartedAt, started)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// value is the start-up of the pods added, nil when one did not say or
+// none was added.
+func (u *startup) value() *runs.Startup {
+	if u.unknown || u.StartedAt.IsZero() {
+		return nil
+	}
+	s := u.Startup
+	return &s
 }
 
 // listWorkers lists the worker pods of every RayCluster in the namespaces

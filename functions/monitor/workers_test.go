@@ -3,8 +3,10 @@ package monitor
 import (
 	"context"
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -91,5 +93,46 @@ func TestWorkerPodRefusal(t *testing.T) {
 	d := capacity(Observation{Run: r, Workers: &Workers{Need: 2, Pending: workerPodRefusal(cases[3].rc)}, Now: t0}, r.CurrentAttempt())
 	if d.Action != Wait || !strings.Contains(d.Why, "FailedToCreateWorkerPod") || !strings.Contains(d.Why, "GKE Autopilot refuses the pod") {
 		t.Errorf("capacity: %+v", d)
+	}
+}
+
+// TestWorkersStartup: once every worker the attempt needs runs, the
+// start-up is when the last was scheduled and the last one's containers
+// started; unknown while one is missing or a running pod does not say.
+func TestWorkersStartup(t *testing.T) {
+	r := tiered(runs.Submitted, 0) // the defaults: 16 workers on nodes of 8 GPUs, two worker pods
+	r.Namespace, r.Cluster = "default", "c"
+	at := func(s int) metav1.Time { return metav1.NewTime(t0.Add(time.Duration(s) * time.Second)) }
+	pod := func(name string, scheduled, started int) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if scheduled >= 0 {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: at(scheduled)}}
+		}
+		state := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+		if started >= 0 {
+			state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(started)}}
+		}
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "ray-worker", State: state}}
+		return p
+	}
+	cases := []struct {
+		name string
+		pods []corev1.Pod
+		want *runs.Startup
+	}{
+		{"both up: the later of each", []corev1.Pod{pod("w0", 60, 130), pod("w1", 95, 120)},
+			&runs.Startup{ScheduledAt: at(95).Time, StartedAt: at(130).Time}},
+		{"one of two running", []corev1.Pod{pod("w0", 60, 130)}, nil},
+		{"a running pod without its scheduling time", []corev1.Pod{pod("w0", 60, 130), pod("w1", -1, 120)}, nil},
+		{"a running pod whose container has not started", []corev1.Pod{pod("w0", 60, 130), pod("w1", 95, -1)}, nil},
+	}
+	for _, c := range cases {
+		w, err := (&Handler{}).workers(context.Background(), r, &listing{workers: map[string][]corev1.Pod{"default/c": c.pods}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(w.Startup, c.want) {
+			t.Errorf("%s: start-up %+v, want %+v", c.name, w.Startup, c.want)
+		}
 	}
 }

@@ -336,6 +336,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if c := capacityText(r); c != "" {
 		fmt.Fprintf(tw, "capacity\t%s\n", c)
 	}
+	if line := startupText(r); line != "" {
+		fmt.Fprintf(tw, "start-up\t%s\n", line)
+	}
 	if line := checkText(r); line != "" {
 		fmt.Fprintf(tw, "data check\t%s\n", line)
 	}
@@ -385,6 +388,16 @@ func checkText(r *runs.Record) string {
 		parts = append(parts, fmt.Sprintf("about %s, %.1f GPU-hours, $%.2f", time.Duration(e.Seconds*float64(time.Second)).Round(time.Second), e.GPUHours, e.USD))
 	}
 	return "passed: " + strings.Join(parts, " · ")
+}
+
+// startupText is how the current attempt's workers came up, "2m27s:
+// nodes 2m1s, image 26s", once the monitor has seen them all run.
+func startupText(r *runs.Record) string {
+	a := r.CurrentAttempt()
+	if a == nil || a.Startup == nil {
+		return ""
+	}
+	return a.Startup.Text(a.CreatedAt)
 }
 
 // capacityText is "tier 2 of 3 (spot) since 10:04:05 · 1 preemption" for

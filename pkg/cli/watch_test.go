@@ -59,4 +59,12 @@ func TestCapacityShown(t *testing.T) {
 	if got := capacityText(&runs.Record{Spec: &d, Attempt: 1, Attempts: []runs.Attempt{{N: 1}}}); got != "" {
 		t.Errorf("the default single tier shows %q", got)
 	}
+	// How the workers came up, once the monitor saw them all run.
+	if got := startupText(r); got != "" {
+		t.Errorf("an attempt with no start-up recorded shows %q", got)
+	}
+	r.Attempts[1].Startup = &runs.Startup{ScheduledAt: moved.Add(-5 * time.Second), StartedAt: moved.Add(21 * time.Second)}
+	if got, want := startupText(r), "10m21s: nodes 9m55s, image 26s"; got != want {
+		t.Errorf("start-up %q, want %q", got, want)
+	}
 }

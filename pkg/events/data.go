@@ -24,6 +24,7 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	}
 	if p == runs.Running || p.Terminal() {
 		d.Capacity = capacityOf(r, r.UpdatedAt)
+		d.Startup = startupOf(r)
 	}
 	if r.Check != nil && r.Check.Result != nil {
 		d.DataCheck = r.Check.Result
@@ -43,6 +44,9 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 		d.StartedAt = &c
 	}
 	d.Timings = timings(r, end)
+	if d.Startup != nil {
+		d.Timings["startup"] = d.Startup.Seconds
+	}
 	d.Report = r.Report
 	if r.Result != nil {
 		d.Checkpoints = r.Result.Checkpoints
@@ -78,6 +82,17 @@ func capacityOf(r *runs.Record, end time.Time) *Capacity {
 	}
 	c.WaitSeconds = max(end.Sub(a.CreatedAt).Seconds(), 0)
 	return c
+}
+
+// startupOf is how the current attempt's workers came up, nil before the
+// monitor saw them all run.
+func startupOf(r *runs.Record) *Startup {
+	a := r.CurrentAttempt()
+	if a == nil || a.Startup == nil {
+		return nil
+	}
+	nodes, image := a.Startup.Parts(a.CreatedAt)
+	return &Startup{NodesSeconds: nodes, ImageSeconds: image, Seconds: nodes + image}
 }
 
 // timings is the seconds spent in each phase the run went through, every

@@ -70,6 +70,9 @@ type Run struct {
 	// Capacity is where the attempt's GPU workers came from (running and
 	// terminal events).
 	Capacity *Capacity `json:"capacity,omitempty"`
+	// Startup is how the current attempt's GPU workers came up (running
+	// and terminal events, once the monitor has seen them all run).
+	Startup *Startup `json:"startup,omitempty"`
 	// Images are the Ray containers' images (every event of an admitted
 	// run): the deployment's trainer image by digest, so that the run can
 	// be reproduced, or the images the spec named.
@@ -111,6 +114,18 @@ type Images struct {
 	// dependencies are installed (trainer/image): the runtime env installs
 	// nothing. False: the runtime env pip-installs trainer/requirements.txt.
 	Trainer bool `json:"trainer"`
+}
+
+// Startup is how an attempt's GPU workers came up, read from their pods:
+// from the attempt's RayJob until the last worker pod was bound to a node
+// (waiting for GKE to create or find GPU nodes), then until the last one's
+// containers started (pulling the image and creating the container).
+// Workers kept from an earlier attempt or run count nothing.
+type Startup struct {
+	NodesSeconds float64 `json:"nodesSeconds"`
+	ImageSeconds float64 `json:"imageSeconds"`
+	// Seconds is their sum (also timings.startup in a terminal event).
+	Seconds float64 `json:"seconds"`
 }
 
 // Capacity is where an attempt's GPU workers came from.

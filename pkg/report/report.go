@@ -106,8 +106,9 @@ func Metrics() []string {
 var pageText string
 
 var page = template.Must(template.New("report").Funcs(template.FuncMap{
-	"tier": tierText,
-	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+	"tier":    tierText,
+	"startup": startupText,
+	"when":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 	"whenp": func(t *time.Time) string {
 		if t == nil {
 			return "–"
@@ -133,6 +134,15 @@ func tierText(r *runs.Record, a runs.Attempt) string {
 		s += fmt.Sprintf("; preempted (%s)", strings.Join(a.Preemptions, "; "))
 	}
 	return s
+}
+
+// startupText is how an attempt's workers came up, "–" when the monitor
+// did not see them all run.
+func startupText(a runs.Attempt) string {
+	if a.Startup == nil {
+		return "–"
+	}
+	return a.Startup.Text(a.CreatedAt)
 }
 
 // Render renders the report page.

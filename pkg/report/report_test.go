@@ -49,7 +49,11 @@ func stage(t *testing.T, phase runs.Phase, experiments ...string) (func(string) 
 		res.Latest, res.Mark, res.FinalMetrics = r.Latest, r.Mark, r.FinalMetrics
 		rec.Attempt = n
 		ran := t0.Add(time.Minute)
-		rec.Attempts = append(rec.Attempts, runs.Attempt{N: n, RayJob: "r1-" + string(rune('0'+n)), CreatedAt: ran, RunningAt: &ran})
+		a := runs.Attempt{N: n, RayJob: "r1-" + string(rune('0'+n)), CreatedAt: ran, RunningAt: &ran}
+		if n == 2 {
+			a.Startup = &runs.Startup{ScheduledAt: ran.Add(40 * time.Second), StartedAt: ran.Add(55 * time.Second)}
+		}
+		rec.Attempts = append(rec.Attempts, a)
 	}
 	end := t0.Add(10 * time.Minute)
 	rec.History = append(rec.History, runs.Entry{Phase: phase, At: end})
@@ -133,6 +137,12 @@ func TestReportOfASucceededRun(t *testing.T) {
 	// Each attempt's capacity tier.
 	if n := strings.Count(page, `<td class="tier">reservation, tier 1 of 1</td>`); n != 2 {
 		t.Errorf("%d attempts name their reservation tier, want 2", n)
+	}
+	// Each attempt's start-up, where the monitor saw its workers come up.
+	for _, s := range []string{`<td class="startup">–</td>`, `<td class="startup">55s: nodes 40s, image 15s</td>`} {
+		if n := strings.Count(page, s); n != 1 {
+			t.Errorf("%q appears %d times, want once", s, n)
+		}
 	}
 	for _, s := range []string{`<code>output.bucket</code>`, `<code>training.learningRate</code>`, `id="cost">$57.60 at $12 per GPU-hour`} {
 		if !strings.Contains(page, s) {

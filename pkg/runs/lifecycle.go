@@ -336,6 +336,25 @@ func (r *Record) MarkRunning(attempt int, now time.Time) error {
 	return nil
 }
 
+// NoteStarted records, for attempt not yet recorded running, the capacity
+// tier its workers run on (tier < 0: as recorded) and how they came up
+// (nil: unknown); true when the record changed. Call it before
+// MarkRunning, in the same write.
+func (r *Record) NoteStarted(attempt, tier int, s *Startup) bool {
+	a := r.open(attempt)
+	if a == nil || a.RunningAt != nil {
+		return false
+	}
+	changed := false
+	if tier >= 0 && a.Tier != tier {
+		a.Tier, changed = tier, true
+	}
+	if s != nil && a.Startup == nil {
+		a.Startup, changed = s, true
+	}
+	return changed
+}
+
 // open is attempt when it is the current attempt and has not ended, else
 // nil.
 func (r *Record) open(attempt int) *Attempt {

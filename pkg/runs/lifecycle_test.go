@@ -301,3 +301,40 @@ func TestUseImages(t *testing.T) {
 		}
 	}
 }
+
+// TestNoteStarted: the tier and start-up of an attempt are recorded until
+// it is recorded running, the start-up once; Parts splits it from the
+// attempt's creation, a worker that came up before it counting nothing.
+func TestNoteStarted(t *testing.T) {
+	s := &Startup{ScheduledAt: t0.Add(90 * time.Second), StartedAt: t0.Add(2 * time.Minute)}
+	r := inPhase(Submitted)
+	r.Attempt = 1
+	if !r.NoteStarted(1, 2, s) || r.CurrentAttempt().Tier != 2 || r.CurrentAttempt().Startup != s {
+		t.Fatalf("attempt after NoteStarted: %+v", r.CurrentAttempt())
+	}
+	if r.NoteStarted(1, 2, &Startup{}) || r.CurrentAttempt().Startup != s {
+		t.Errorf("a second start-up replaced the first: %+v", r.CurrentAttempt().Startup)
+	}
+	if r.NoteStarted(2, 3, nil) {
+		t.Errorf("another attempt's tier was recorded")
+	}
+	if err := r.MarkRunning(1, t0.Add(3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if r.NoteStarted(1, 3, nil) || r.CurrentAttempt().Tier != 2 {
+		t.Errorf("a running attempt's tier moved: %+v", r.CurrentAttempt())
+	}
+	tests := []struct {
+		created      time.Time
+		nodes, image float64
+	}{
+		{t0, 90, 30},
+		{t0.Add(100 * time.Second), 0, 20},
+		{t0.Add(time.Hour), 0, 0},
+	}
+	for _, tt := range tests {
+		if nodes, image := s.Parts(tt.created); nodes != tt.nodes || image != tt.image {
+			t.Errorf("created %s: nodes %v image %v, want %v %v", tt.created, nodes, image, tt.nodes, tt.image)
+		}
+	}
+}

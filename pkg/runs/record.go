@@ -9,6 +9,7 @@
 package runs
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
@@ -116,6 +117,37 @@ type Attempt struct {
 	// worker pod's disruption ("pod: reason"), or the trainer's checkpoint
 	// on notice. An attempt with any ends Preempted, not against retries.
 	Preemptions []string `json:"preemptions,omitempty"`
+	// Startup is how the attempt's workers came up, read from their pods
+	// when the monitor first saw them all running; nil before, or for an
+	// attempt recorded before it was kept.
+	Startup *Startup `json:"startup,omitempty"`
+}
+
+// Startup is when an attempt's worker pods came up, as their status says:
+// ScheduledAt, when the last of them was bound to a node (its PodScheduled
+// condition turned true: GKE had created or found a GPU node for it), and
+// StartedAt, when the last one's containers started (its image pulled and
+// its container created). Workers kept from an earlier attempt or run came
+// up before the attempt was created: its start-up then took no time.
+type Startup struct {
+	ScheduledAt time.Time `json:"scheduledAt"`
+	StartedAt   time.Time `json:"startedAt"`
+}
+
+// Parts are the seconds the attempt created at created waited for nodes,
+// then for the image pull and container start, each at least 0.
+func (s *Startup) Parts(created time.Time) (nodes, image float64) {
+	nodes = max(s.ScheduledAt.Sub(created).Seconds(), 0)
+	image = max(s.StartedAt.Sub(created).Seconds()-nodes, 0)
+	return nodes, image
+}
+
+// Text is the start-up of an attempt created at created, for people:
+// "2m27s: nodes 2m1s, image 26s".
+func (s *Startup) Text(created time.Time) string {
+	nodes, image := s.Parts(created)
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)).Round(time.Second) }
+	return fmt.Sprintf("%s: nodes %s, image %s", sec(nodes+image), sec(nodes), sec(image))
 }
 
 // Since is when the attempt moved to its tier.

@@ -33,13 +33,15 @@ func tieredSpec(t *testing.T, cluster string, tiers ...map[string]any) []byte {
 
 // TestCapacityFallsBack: the reservation has no nodes, so after its wait
 // the pipeline moves the pending workers to Spot VMs, where the run
-// succeeds; the events name the tier that served it and the wait.
+// succeeds; the events name the tier that served it and the wait, and
+// split the workers' start-up, read from their pods, into the wait for
+// nodes and the image pull the simulated kubelet plays (pull=3s).
 func TestCapacityFallsBack(t *testing.T) {
 	t.Parallel()
 	data := tieredSpec(t, "e2e-fallback",
 		map[string]any{"type": "reservation", "wait": "1m"},
 		map[string]any{"type": "spot", "gpuHourUsd": 3})
-	runID := upload(t, "fallback", data, "refuse=reservation,steps=2,step=200ms")
+	runID := upload(t, "fallback", data, "refuse=reservation,pull=3s,steps=2,step=200ms")
 
 	// While the reservation refuses, the run waits in SUBMITTED and its
 	// record says why.
@@ -72,6 +74,12 @@ func TestCapacityFallsBack(t *testing.T) {
 		c := evs[i].Capacity
 		if c == nil || c.Tier != "spot" || c.Index != 2 || !c.Served || c.WaitSeconds < 60 || c.Preemptions != 0 {
 			t.Errorf("%s event's capacity %+v; want spot (tier 2), served after 60 s or more", phase, c)
+		}
+		// The API server keeps pod times to the second: a second's slack.
+		if u := evs[i].Startup; u == nil || u.NodesSeconds < 59 || u.ImageSeconds < 2 || u.Seconds != u.NodesSeconds+u.ImageSeconds {
+			t.Errorf("%s event's start-up %+v; want nodes after the reservation's minute (59 s or more), then an image pull of 2 s or more", phase, u)
+		} else if phase == "succeeded" && evs[i].Timings["startup"] != u.Seconds {
+			t.Errorf("succeeded event's timings.startup %v, want the start-up's %v s", evs[i].Timings["startup"], u.Seconds)
 		}
 	}
 	// The worker pods run on Spot VMs: the node selector GKE matches.

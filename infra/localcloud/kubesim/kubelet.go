@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -38,6 +40,10 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{RequeueAfter: 250 * time.Millisecond}, k.unschedulable(ctx, pod, tier)
 	}
 	now := metav1.Now()
+	scheduled, pulling := k.pulling(ctx, pod, now)
+	if pulling > 0 {
+		return ctrl.Result{RequeueAfter: pulling}, client.IgnoreNotFound(k.Status().Update(ctx, pod))
+	}
 	n := k.ipSeq.Add(1)
 	ip := fmt.Sprintf("10.244.%d.%d", n/250, n%250+2)
 	cond := func(t corev1.PodConditionType) corev1.PodCondition {
@@ -52,7 +58,7 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
 	pod.Status.StartTime = &now
 	pod.Status.Conditions = []corev1.PodCondition{
-		cond(corev1.PodScheduled), cond(corev1.PodInitialized),
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: scheduled}, cond(corev1.PodInitialized),
 		cond(corev1.ContainersReady), cond(corev1.PodReady),
 	}
 	pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses = nil, nil
@@ -72,4 +78,43 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// pulling plays the time a worker pod takes from its node to its running
+// containers (its job's Scenario.Pull): the first time it sees the pod it
+// binds it (PodScheduled true, containers in ContainerCreating) and says how
+// long to wait; it returns 0 once the pull is over, or for a pod with none.
+// scheduled is when the pod was bound (to the second, as the API server
+// keeps it).
+func (k *kubelet) pulling(ctx context.Context, pod *corev1.Pod, now metav1.Time) (scheduled metav1.Time, wait time.Duration) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			scheduled = c.LastTransitionTime
+		}
+	}
+	pull := time.Duration(0)
+	if pod.Labels[utils.RayNodeTypeLabelKey] == string(rayv1.WorkerNode) && k.sim != nil {
+		if job := k.activeJob(ctx, pod); job != nil {
+			pull = k.scenario(ctx, job).Pull
+		}
+	}
+	if scheduled.IsZero() {
+		scheduled = now
+		if pull > 0 {
+			pod.Status.Phase = corev1.PodPending
+			pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+			pod.Status.ContainerStatuses = nil
+			for _, c := range pod.Spec.Containers {
+				pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
+					Name: c.Name, Image: c.Image, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}},
+				})
+			}
+			return scheduled, pull
+		}
+	}
+	end := scheduled.Add(pull)
+	if pull == 0 || !now.Time.Before(end) {
+		return scheduled, 0
+	}
+	return scheduled, end.Sub(now.Time)
 }

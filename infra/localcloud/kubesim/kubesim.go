@@ -116,6 +116,12 @@ type Scenario struct {
 	// creation (0: for as long as the job lasts). Ignored by pods already
 	// running.
 	Refuse map[string]time.Duration
+	// Pull is how long a worker pod of the job takes from being bound to a
+	// node until its containers run, as the kubelet's image pull and
+	// container start take (default 0: at once). The pod is Pending with
+	// PodScheduled true and its containers waiting in ContainerCreating
+	// meanwhile, as the kubelet reports it.
+	Pull time.Duration
 	// PreemptAt is a run's preemption steps, one per attempt: the local
 	// cloud plays attempt n as Preempt at PreemptAt[n-1] and lets the
 	// attempts after the list succeed. The player itself reads Outcome

@@ -21,6 +21,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
@@ -532,3 +533,55 @@ func (s gcsStore) Read(ctx context.Context, name string, limit int64) ([]byte, e
 }
 
 func (s gcsStore) URI(name string) string { return "gs://" + s.name + "/" + name }
+
+// TestImagePull: with pull=2s, a worker pod bound to its node waits in
+// ContainerCreating with PodScheduled true, as a kubelet pulling its image
+// reports it, and its containers start two seconds after it was bound.
+func TestImagePull(t *testing.T) {
+	t.Parallel()
+	s := exampleSpec(t, "sim-pull")
+	createCluster(t, s)
+	sc := kubesim.DefaultScenario()
+	sc.Pull = 2 * time.Second
+	rj := submit(t, s, manifests.Run{ID: "sim-pull-0001", Attempt: 1, SpecHash: s.Hash()}, sc)
+	pulling := false
+	waitFor(t, "worker pods running after their pull", 40*time.Second, func() (bool, error) {
+		pods := listPods(t, "sim-pull", "worker")
+		running := 0
+		for _, p := range pods {
+			for _, c := range p.Status.ContainerStatuses {
+				if w := c.State.Waiting; w != nil && w.Reason == "ContainerCreating" && p.Status.Phase == corev1.PodPending {
+					pulling = pulling || scheduledAt(&p) != nil
+				}
+			}
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return len(pods) == 2 && running == 2, nil
+	})
+	if !pulling {
+		t.Error("no worker pod was seen bound to a node with its containers in ContainerCreating")
+	}
+	for _, p := range listPods(t, "sim-pull", "worker") {
+		at := scheduledAt(&p)
+		if at == nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Running == nil {
+			t.Fatalf("pod %s: scheduled %v, containers %+v", p.Name, at, p.Status.ContainerStatuses)
+		}
+		// The API server keeps whole seconds.
+		if pull := p.Status.ContainerStatuses[0].State.Running.StartedAt.Sub(at.Time); pull < time.Second {
+			t.Errorf("pod %s: containers started %v after it was bound, want about 2s", p.Name, pull)
+		}
+	}
+	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusComplete, 40*time.Second)
+}
+
+// scheduledAt is when the pod was bound to a node, nil while it is not.
+func scheduledAt(p *corev1.Pod) *metav1.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue {
+			return &c.LastTransitionTime
+		}
+	}
+	return nil
+}
