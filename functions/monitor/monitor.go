@@ -189,11 +189,13 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 	case Succeed:
 		// A job so short that no check saw it running is recorded as having
 		// run, in the same write: subscribers get running before succeeded.
+		// One that ended between two checks has its first report noted.
 		var ran func(*runs.Record)
-		if rec.Phase == runs.Submitted {
-			p := h.latest(ctx, rec, files)
+		if a := rec.CurrentAttempt(); rec.Phase == runs.Submitted || a != nil && a.FirstReportAt == nil {
+			p, first := h.latest(ctx, rec, files)
 			ran = func(r *runs.Record) {
 				r.NoteStarted(rec.Attempt, d.ServedOn, d.Startup)
+				r.NoteFirstReport(rec.Attempt, first)
 				if r.MarkRunning(rec.Attempt, h.Deps.Time()) == nil && p != nil {
 					r.Progress = p
 				}

@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"context"
+	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -11,7 +12,7 @@ import (
 // the start-up d says), with its latest step, epoch and loss, and announces
 // the running phase once.
 func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles, d Decision) error {
-	p := h.latest(ctx, rec, files)
+	p, first := h.latest(ctx, rec, files)
 	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
 		return nil // nothing new since the record was read: no second read, no write
 	}
@@ -22,6 +23,7 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 			return runs.ErrNoChange
 		}
 		r.NoteStarted(attempt, d.ServedOn, d.Startup)
+		r.NoteFirstReport(attempt, first)
 		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
 		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
 			return runs.ErrNoChange
@@ -34,11 +36,12 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 	return err
 }
 
-// latest is the attempt's progress as its last metrics tell (or nil).
-func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) *runs.Progress {
+// latest is the attempt's progress as its last metrics tell, and when its
+// trainer first reported (both nil before it has).
+func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) (*runs.Progress, *time.Time) {
 	res, err := checkpoints.Discover(ctx, files.store, files.exp)
 	if err != nil || res.LastMetrics == nil {
-		return nil
+		return nil, nil
 	}
 	m := res.LastMetrics
 	p := &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
@@ -48,7 +51,7 @@ func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFil
 	if max := rec.Spec.Training.MaxSteps; max > 0 {
 		p.TotalSteps = int64(max)
 	}
-	return p
+	return p, res.FirstReportAt
 }
 
 // newer reports whether p tells more than the recorded progress.

@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Store lists and reads objects by slash-separated name.
@@ -111,16 +112,19 @@ type DataStats struct {
 
 // Result is what an attempt left in storage.
 type Result struct {
-	Trial        string             `json:"trial"` // trial folder URI; "" when none was written
-	Reports      int                `json:"reports"`
-	Checkpoints  []Checkpoint       `json:"checkpoints"`
-	Latest       *Checkpoint        `json:"latest,omitempty"`
-	Best         *Checkpoint        `json:"best,omitempty"`
-	BestBy       string             `json:"bestBy,omitempty"`      // the metric Best was chosen by: eval_loss, loss, or "" (the newest)
-	LastMetrics  map[string]float64 `json:"lastMetrics,omitempty"` // the last report
-	Mark         *Mark              `json:"mark,omitempty"`
-	Incomplete   []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
-	FinalMetrics map[string]float64 `json:"finalMetrics,omitempty"`
+	Trial       string             `json:"trial"` // trial folder URI; "" when none was written
+	Reports     int                `json:"reports"`
+	Checkpoints []Checkpoint       `json:"checkpoints"`
+	Latest      *Checkpoint        `json:"latest,omitempty"`
+	Best        *Checkpoint        `json:"best,omitempty"`
+	BestBy      string             `json:"bestBy,omitempty"`      // the metric Best was chosen by: eval_loss, loss, or "" (the newest)
+	LastMetrics map[string]float64 `json:"lastMetrics,omitempty"` // the last report
+	// FirstReportAt is when the trainer made its first report (Ray's
+	// timestamp, to the second): its first logged optimizer step.
+	FirstReportAt *time.Time         `json:"firstReportAt,omitempty"`
+	Mark          *Mark              `json:"mark,omitempty"`
+	Incomplete    []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
+	FinalMetrics  map[string]float64 `json:"finalMetrics,omitempty"`
 }
 
 // Discover reads the experiment folder experiment (a name prefix without a
@@ -153,6 +157,9 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 		return nil, err
 	}
 	res.Reports = len(lines)
+	if len(lines) > 0 && !lines[0].at.IsZero() {
+		res.FirstReportAt = &lines[0].at
+	}
 	byName := map[string]*Checkpoint{}
 	for _, l := range lines {
 		res.LastMetrics = l.metrics
@@ -285,6 +292,7 @@ func newestTrial(experiment string, names []string) string {
 type report struct {
 	metrics    map[string]float64
 	checkpoint string
+	at         time.Time // Ray's timestamp of the report; zero when absent
 }
 
 // readResult parses result.json: one JSON object per line. A torn last line
@@ -314,6 +322,10 @@ func readResult(ctx context.Context, st Store, name string) ([]report, error) {
 			if k == "checkpoint_dir_name" {
 				_ = json.Unmarshal(v, &r.checkpoint)
 				continue
+			}
+			var unix int64
+			if k == "timestamp" && json.Unmarshal(v, &unix) == nil && unix > 0 {
+				r.at = time.Unix(unix, 0).UTC()
 			}
 			var f float64
 			if json.Unmarshal(v, &f) == nil && !math.IsNaN(f) && !math.IsInf(f, 0) && !rayKeys[k] {

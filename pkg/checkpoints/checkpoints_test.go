@@ -128,6 +128,9 @@ func TestDiscoverMetrics(t *testing.T) {
 	if _, ok := c.Metrics["timestamp"]; ok {
 		t.Error("Ray's bookkeeping number timestamp kept as a metric")
 	}
+	if res.FirstReportAt == nil || res.FirstReportAt.Unix() != 17 {
+		t.Errorf("first report at %v, want Ray's timestamp 17", res.FirstReportAt)
+	}
 	if res.Mark == nil || res.Mark.Status != "failed" || res.Mark.Error != "ValueError: boom" || !res.Mark.NoticeSeen {
 		t.Errorf("mark %+v", res.Mark)
 	}

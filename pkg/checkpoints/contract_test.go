@@ -69,6 +69,11 @@ func TestTrainerLayoutContract(t *testing.T) {
 			if res.Mark == nil || res.Mark.Status != m.Status {
 				t.Fatalf("mark status: discovery %+v, file %q", res.Mark, m.Status)
 			}
+			// Ray times every report: the first one says when training
+			// reached its first logged step (the start-up's last part).
+			if res.Reports > 0 && res.FirstReportAt == nil {
+				t.Errorf("%d reports, none with Ray's timestamp", res.Reports)
+			}
 			// Every mark says whether a preemption notice reached the attempt.
 			if m.NoticeSeen == nil || res.Mark.NoticeSeen != *m.NoticeSeen {
 				t.Errorf("mark noticeSeen: discovery %v, file %v", res.Mark.NoticeSeen, m.NoticeSeen)

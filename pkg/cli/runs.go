@@ -394,10 +394,13 @@ func checkText(r *runs.Record) string {
 // nodes 2m1s, image 26s", once the monitor has seen them all run.
 func startupText(r *runs.Record) string {
 	a := r.CurrentAttempt()
-	if a == nil || a.Startup == nil {
+	if a == nil {
 		return ""
 	}
-	return a.Startup.Text(a.CreatedAt)
+	if p, ok := a.StartupParts(); ok {
+		return p.Text()
+	}
+	return ""
 }
 
 // capacityText is "tier 2 of 3 (spot) since 10:04:05 · 1 preemption" for

@@ -84,15 +84,19 @@ func capacityOf(r *runs.Record, end time.Time) *Capacity {
 	return c
 }
 
-// startupOf is how the current attempt's workers came up, nil before the
-// monitor saw them all run.
+// startupOf is how the current attempt's workers came up (and how long
+// its trainer took to its first report, once it has made one), nil before
+// the monitor saw them all run.
 func startupOf(r *runs.Record) *Startup {
 	a := r.CurrentAttempt()
-	if a == nil || a.Startup == nil {
+	if a == nil {
 		return nil
 	}
-	nodes, image := a.Startup.Parts(a.CreatedAt)
-	return &Startup{NodesSeconds: nodes, ImageSeconds: image, Seconds: nodes + image}
+	p, ok := a.StartupParts()
+	if !ok {
+		return nil
+	}
+	return &Startup{NodesSeconds: p.Nodes, ImageSeconds: p.Image, FirstStepSeconds: p.FirstStep, Seconds: p.Total()}
 }
 
 // timings is the seconds spent in each phase the run went through, every

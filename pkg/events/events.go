@@ -119,11 +119,14 @@ type Images struct {
 // Startup is how an attempt's GPU workers came up, read from their pods:
 // from the attempt's RayJob until the last worker pod was bound to a node
 // (waiting for GKE to create or find GPU nodes), then until the last one's
-// containers started (pulling the image and creating the container).
+// containers started (pulling the image and creating the container), then,
+// once the trainer has reported, until its first report (Ray's runtime
+// env, the weights, the data and the steps before the first logged one).
 // Workers kept from an earlier attempt or run count nothing.
 type Startup struct {
-	NodesSeconds float64 `json:"nodesSeconds"`
-	ImageSeconds float64 `json:"imageSeconds"`
+	NodesSeconds     float64  `json:"nodesSeconds"`
+	ImageSeconds     float64  `json:"imageSeconds"`
+	FirstStepSeconds *float64 `json:"firstStepSeconds,omitempty"`
 	// Seconds is their sum (also timings.startup in a terminal event).
 	Seconds float64 `json:"seconds"`
 }

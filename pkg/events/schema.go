@@ -113,11 +113,12 @@ func Schema(phase string) []byte {
 		},
 		"startup": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"nodesSeconds", "imageSeconds", "seconds"},
-			"description": "how the attempt's GPU workers came up, from their pods: from the attempt's RayJob until the last worker pod was bound to a node (waiting for GPU nodes), then until the last one's containers started (image pull and container start); seconds is their sum, also timings.startup",
+			"description": "how the attempt's GPU workers came up, from their pods: from the attempt's RayJob until the last worker pod was bound to a node (waiting for GPU nodes), then until the last one's containers started (image pull and container start), then, once the trainer has reported, until its first report (runtime env, weights, data, the steps before the first logged one); seconds is their sum, also timings.startup",
 			"properties": map[string]any{
-				"nodesSeconds": map[string]any{"type": "number", "minimum": 0},
-				"imageSeconds": map[string]any{"type": "number", "minimum": 0},
-				"seconds":      map[string]any{"type": "number", "minimum": 0},
+				"nodesSeconds":     map[string]any{"type": "number", "minimum": 0},
+				"imageSeconds":     map[string]any{"type": "number", "minimum": 0},
+				"firstStepSeconds": map[string]any{"type": "number", "minimum": 0},
+				"seconds":          map[string]any{"type": "number", "minimum": 0},
 			},
 		},
 		"timings":          numberMap(),

@@ -139,10 +139,10 @@ func tierText(r *runs.Record, a runs.Attempt) string {
 // startupText is how an attempt's workers came up, "–" when the monitor
 // did not see them all run.
 func startupText(a runs.Attempt) string {
-	if a.Startup == nil {
-		return "–"
+	if p, ok := a.StartupParts(); ok {
+		return p.Text()
 	}
-	return a.Startup.Text(a.CreatedAt)
+	return "–"
 }
 
 // Render renders the report page.

@@ -355,6 +355,18 @@ func (r *Record) NoteStarted(attempt, tier int, s *Startup) bool {
 	return changed
 }
 
+// NoteFirstReport records when the trainer first reported in attempt, once;
+// true when the record changed.
+func (r *Record) NoteFirstReport(attempt int, at *time.Time) bool {
+	a := r.open(attempt)
+	if a == nil || at == nil || a.FirstReportAt != nil {
+		return false
+	}
+	t := *at
+	a.FirstReportAt = &t
+	return true
+}
+
 // open is attempt when it is the current attempt and has not ended, else
 // nil.
 func (r *Record) open(attempt int) *Attempt {

@@ -303,8 +303,8 @@ func TestUseImages(t *testing.T) {
 }
 
 // TestNoteStarted: the tier and start-up of an attempt are recorded until
-// it is recorded running, the start-up once; Parts splits it from the
-// attempt's creation, a worker that came up before it counting nothing.
+// it is recorded running, the start-up once; its trainer's first report
+// once, for that attempt only.
 func TestNoteStarted(t *testing.T) {
 	s := &Startup{ScheduledAt: t0.Add(90 * time.Second), StartedAt: t0.Add(2 * time.Minute)}
 	r := inPhase(Submitted)
@@ -324,17 +324,42 @@ func TestNoteStarted(t *testing.T) {
 	if r.NoteStarted(1, 3, nil) || r.CurrentAttempt().Tier != 2 {
 		t.Errorf("a running attempt's tier moved: %+v", r.CurrentAttempt())
 	}
+	if r.NoteFirstReport(2, &t0) || r.CurrentAttempt().FirstReportAt != nil {
+		t.Errorf("another attempt's first report was recorded")
+	}
+	first := t0.Add(4 * time.Minute)
+	if !r.NoteFirstReport(1, &first) || r.NoteFirstReport(1, &t0) || !r.CurrentAttempt().FirstReportAt.Equal(first) {
+		t.Errorf("first report %v, want %v, recorded once", r.CurrentAttempt().FirstReportAt, first)
+	}
+}
+
+// TestStartupParts: the start-up splits from the attempt's creation into
+// the wait for nodes, the image pull, and the time to the trainer's first
+// report once it made one; workers that came up before the attempt count
+// nothing.
+func TestStartupParts(t *testing.T) {
+	f := func(s float64) *float64 { return &s }
+	up := &Startup{ScheduledAt: t0.Add(90 * time.Second), StartedAt: t0.Add(2 * time.Minute)}
+	first := t0.Add(3 * time.Minute)
 	tests := []struct {
-		created      time.Time
-		nodes, image float64
+		name  string
+		a     Attempt
+		want  StartupParts
+		total float64
+		text  string
 	}{
-		{t0, 90, 30},
-		{t0.Add(100 * time.Second), 0, 20},
-		{t0.Add(time.Hour), 0, 0},
+		{"nodes, then the image", Attempt{CreatedAt: t0, Startup: up}, StartupParts{Nodes: 90, Image: 30}, 120, "2m0s: nodes 1m30s, image 30s"},
+		{"and the first report", Attempt{CreatedAt: t0, Startup: up, FirstReportAt: &first}, StartupParts{Nodes: 90, Image: 30, FirstStep: f(60)}, 180, "3m0s: nodes 1m30s, image 30s, to the first step 1m0s"},
+		{"scheduled before the attempt", Attempt{CreatedAt: t0.Add(100 * time.Second), Startup: up}, StartupParts{Image: 20}, 20, "20s: nodes 0s, image 20s"},
+		{"workers kept from before", Attempt{CreatedAt: t0.Add(150 * time.Second), Startup: up, FirstReportAt: &first}, StartupParts{FirstStep: f(30)}, 30, "30s: nodes 0s, image 0s, to the first step 30s"},
 	}
 	for _, tt := range tests {
-		if nodes, image := s.Parts(tt.created); nodes != tt.nodes || image != tt.image {
-			t.Errorf("created %s: nodes %v image %v, want %v %v", tt.created, nodes, image, tt.nodes, tt.image)
+		p, ok := tt.a.StartupParts()
+		if !ok || !reflect.DeepEqual(p, tt.want) || p.Total() != tt.total || p.Text() != tt.text {
+			t.Errorf("%s: %+v (%v) total %v %q, want %+v total %v %q", tt.name, p, ok, p.Total(), p.Text(), tt.want, tt.total, tt.text)
 		}
+	}
+	if _, ok := (&Attempt{CreatedAt: t0, FirstReportAt: &first}).StartupParts(); ok {
+		t.Error("an attempt whose workers were not seen has start-up parts")
 	}
 }

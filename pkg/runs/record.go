@@ -121,6 +121,9 @@ type Attempt struct {
 	// when the monitor first saw them all running; nil before, or for an
 	// attempt recorded before it was kept.
 	Startup *Startup `json:"startup,omitempty"`
+	// FirstReportAt is when the trainer made its first report of the
+	// attempt (its first logged optimizer step), as Ray timed it.
+	FirstReportAt *time.Time `json:"firstReportAt,omitempty"`
 }
 
 // Startup is when an attempt's worker pods came up, as their status says:
@@ -134,20 +137,54 @@ type Startup struct {
 	StartedAt   time.Time `json:"startedAt"`
 }
 
-// Parts are the seconds the attempt created at created waited for nodes,
-// then for the image pull and container start, each at least 0.
-func (s *Startup) Parts(created time.Time) (nodes, image float64) {
-	nodes = max(s.ScheduledAt.Sub(created).Seconds(), 0)
-	image = max(s.StartedAt.Sub(created).Seconds()-nodes, 0)
-	return nodes, image
+// StartupParts are the seconds an attempt's workers took to come up, from
+// the attempt's creation: waiting for nodes, then the image pull and
+// container start, then (once the trainer has reported) Ray's runtime env,
+// the weights, the data and the steps before its first report.
+type StartupParts struct {
+	Nodes, Image float64
+	FirstStep    *float64
 }
 
-// Text is the start-up of an attempt created at created, for people:
-// "2m27s: nodes 2m1s, image 26s".
-func (s *Startup) Text(created time.Time) string {
-	nodes, image := s.Parts(created)
+// Total is the seconds of the parts known.
+func (p StartupParts) Total() float64 {
+	t := p.Nodes + p.Image
+	if p.FirstStep != nil {
+		t += *p.FirstStep
+	}
+	return t
+}
+
+// StartupParts splits the attempt's start-up, each part at least 0 (workers
+// kept from an earlier attempt or run came up before it); ok is false before
+// the monitor saw its workers come up.
+func (a *Attempt) StartupParts() (p StartupParts, ok bool) {
+	s := a.Startup
+	if s == nil {
+		return p, false
+	}
+	p.Nodes = max(s.ScheduledAt.Sub(a.CreatedAt).Seconds(), 0)
+	p.Image = max(s.StartedAt.Sub(a.CreatedAt).Seconds()-p.Nodes, 0)
+	if a.FirstReportAt != nil {
+		up := s.StartedAt
+		if up.Before(a.CreatedAt) {
+			up = a.CreatedAt
+		}
+		f := max(a.FirstReportAt.Sub(up).Seconds(), 0)
+		p.FirstStep = &f
+	}
+	return p, true
+}
+
+// Text is the parts for people: "2m27s: nodes 2m1s, image 26s, to the
+// first step 40s".
+func (p StartupParts) Text() string {
 	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)).Round(time.Second) }
-	return fmt.Sprintf("%s: nodes %s, image %s", sec(nodes+image), sec(nodes), sec(image))
+	s := fmt.Sprintf("%s: nodes %s, image %s", sec(p.Total()), sec(p.Nodes), sec(p.Image))
+	if p.FirstStep != nil {
+		s += fmt.Sprintf(", to the first step %s", sec(*p.FirstStep))
+	}
+	return s
 }
 
 // Since is when the attempt moved to its tier.
