@@ -111,3 +111,13 @@ func disruption(p *corev1.Pod) (reason string, at time.Time) {
 	}
 	return "", time.Time{}
 }
+
+// started is d with the tier the workers run on and how they came up, for
+// an attempt not yet recorded running (ServedOn -1 otherwise).
+func started(o Observation, a *runs.Attempt, d Decision) Decision {
+	d.ServedOn = -1
+	if a.RunningAt == nil && o.Workers != nil {
+		d.ServedOn, d.Startup = o.Workers.ServedOn, o.Workers.Startup
+	}
+	return d
+}

@@ -221,16 +221,6 @@ func succeed(o Observation, a *runs.Attempt) Decision {
 	return started(o, a, Decision{Action: Succeed})
 }
 
-// started is d with the tier the workers run on and how they came up, for
-// an attempt not yet recorded running (ServedOn -1 otherwise).
-func started(o Observation, a *runs.Attempt, d Decision) Decision {
-	d.ServedOn = -1
-	if a.RunningAt == nil && o.Workers != nil {
-		d.ServedOn, d.Startup = o.Workers.ServedOn, o.Workers.Startup
-	}
-	return d
-}
-
 // retryOrFail retries an attempt lost to the infrastructure when the spec
 // allows another: a preempted one against limits.preemptions, any other
 // against limits.retries. Else the run fails.
