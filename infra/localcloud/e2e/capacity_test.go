@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -82,6 +83,7 @@ func TestCapacityFallsBack(t *testing.T) {
 			t.Errorf("%s event's start-up %+v; want nodes after the reservation's minute (59 s or more), then an image pull of 2 s or more", phase, u)
 			continue
 		}
+		t.Logf("%s event's start-up: nodes %.0f s, image %.0f s, to the first step %v s, in all %.0f s", phase, u.NodesSeconds, u.ImageSeconds, fmtSeconds(u.FirstStepSeconds), u.Seconds)
 		// The succeeded event also has the time to the trainer's first
 		// report, which the running event (sent when the workers ran,
 		// before the trainer reported) may not have.
@@ -209,4 +211,12 @@ func TestReclaimedBeforeTheSaveEnded(t *testing.T) {
 			waitNoWorkers(t, cluster)
 		})
 	}
+}
+
+// fmtSeconds is a number of seconds that may be missing.
+func fmtSeconds(s *float64) string {
+	if s == nil {
+		return "(not yet)"
+	}
+	return fmt.Sprintf("%.0f", *s)
 }
