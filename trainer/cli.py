@@ -14,6 +14,7 @@ import re
 from typing import Any, Dict, Optional, Sequence
 
 RUN_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 # defaults.json beside this file: the step's shape and the length filter,
 # shared with the job spec (the Go side embeds the same file) and the GPU
@@ -104,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("model and data")
     g.add_argument("--model-id", default="google/gemma-3-4b-it", help="HF repo id or local directory")
+    g.add_argument("--staged-model", default="",
+                   help="where the model's snapshot is (to be) staged, gs://<bucket>/models/<repo id>/<commit>: "
+                        "the workers load it from a copy on their node instead of --model-id (weights.py); "
+                        "empty: load --model-id")
+    g.add_argument("--stage-model", type=parse_bool, default=False,
+                   help="this run copies --model-id at --model-revision from the Hub into --staged-model "
+                        "(false: it waits for the run that does)")
+    g.add_argument("--model-revision", default="",
+                   help="the Hub commit of --model-id to stage, 40 hex digits (the pipeline resolves it)")
     g.add_argument("--dataset-id", default="philschmid/amazon-product-descriptions-vlm",
                    help="HF repo id or local path (datasets.load_from_disk or load_dataset)")
     g.add_argument("--dataset-revision", default="",
@@ -190,6 +200,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--eval-share must be at most 0.5, got {args.eval_share}")
     if args.quantization == "4bit" and not args.use_gpu:
         parser.error("--quantization 4bit needs --use-gpu true (bitsandbytes 4-bit kernels are CUDA only)")
+    if args.model_revision and not COMMIT_RE.match(args.model_revision):
+        parser.error(f"--model-revision must be a commit id (40 lower-case hex digits), got {args.model_revision!r}")
+    if args.stage_model and not (args.staged_model and args.model_revision):
+        parser.error("--stage-model true needs --staged-model (where to stage) and --model-revision (the commit)")
     if args.dataset_format:
         try:
             doc = json.loads(args.dataset_format)

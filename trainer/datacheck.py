@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import data  # noqa: E402
 import result  # noqa: E402
+import weights  # noqa: E402
 
 CHECK_FILE = "data-check.json"
 SCHEMA_VERSION = 1
@@ -215,6 +216,9 @@ def run_check(args) -> Dict[str, Any]:
     start = time.time()
     fmt = data.Format.from_json(json.loads(args.dataset_format) if args.dataset_format else None)
     processor = check_model(args.model_id)
+    # A model the trainer can fine-tune is staged now, on the head, before any GPU
+    # worker exists: training then reads it from the bucket.
+    weights.ready(args, lambda msg: print(f"raydrop: {msg}", flush=True))
     revision = resolve_revision(args.dataset_id, args.dataset_revision)
     train = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
     evalset = data.load_rows(args.dataset_id, args.eval_split, fmt, revision) if args.eval_split else None

@@ -22,10 +22,11 @@ import cli  # noqa: E402
 import driverlog  # noqa: E402
 import notice  # noqa: E402
 import result  # noqa: E402
+import weights  # noqa: E402
 
 # Modules whose code the Ray workers need. They are pickled by value, so the
 # workers do not depend on the code directory being on their import path.
-WORKER_MODULES = ("cli", "data", "modeling", "notice", "result", "samples", "sft", "worker")
+WORKER_MODULES = ("cli", "data", "modeling", "notice", "result", "samples", "sft", "weights", "worker")
 
 
 def _log(msg: str) -> None:
@@ -79,6 +80,7 @@ def run(args) -> int:
     status, error, trial_hint = "failed", None, None
     try:
         _log(f"run {args.run_id}: {args.num_workers} workers, storage {storage_path}/{args.experiment_name}")
+        weights.ready(args, _log)
         res = trainer.fit()
         trial_hint = os.path.basename(str(res.path).rstrip("/")) if res.path else None
         stopped_at = (res.metrics or {}).get(notice.PREEMPTED_KEY)

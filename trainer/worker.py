@@ -16,6 +16,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import time
 from typing import Any, Dict, Optional
 
 import data
@@ -23,6 +24,7 @@ import modeling
 import notice
 import samples
 import sft
+import weights
 from cli import effective_lr_scheduler
 
 log = logging.getLogger("raydrop.trainer")
@@ -60,8 +62,11 @@ def _make_callback_class():
         """
 
         def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None, evaluate=None,
-                     watch=None) -> None:
+                     watch=None, startup: Optional[Dict[str, float]] = None) -> None:
             self.metrics: Dict[str, Any] = {}
+            # How this worker started (STARTUP_KEY), sent once, with the first
+            # report after the first optimizer step, which stamps first_step_at.
+            self.startup = dict(startup) if startup else None
             self.saved = 0
             self.latest: Optional[str] = None
             self.start_step = 0
@@ -78,6 +83,8 @@ def _make_callback_class():
             self.saved_step: Optional[int] = None
 
         def on_step_end(self, args, state, control, **kwargs):
+            if self.startup is not None and "first_step_at" not in self.startup:
+                self.startup["first_step_at"] = time.time()
             if state.global_step >= state.max_steps:
                 # The last step is done: the run ends here with its own save,
                 # so a notice now changes nothing, and is not looked for (every
@@ -111,6 +118,9 @@ def _make_callback_class():
             metrics.update(self.data_stats)
             if self.resume:
                 metrics.update(self.resume)
+            if self.startup is not None and "first_step_at" in self.startup:
+                metrics[STARTUP_KEY] = self.startup
+                self.startup = None
             ray.train.report(metrics, checkpoint=checkpoint)
 
         def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
@@ -255,6 +265,27 @@ def clean_resume_cache(root: str, keep: Optional[str] = None) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# The entry of the first report that tells how the worker started (the
+# pipeline's checkpoints.TrainerStartup): started_at, when train_func began
+# (Ray had set up the runtime env and started the worker); weights_s, the
+# seconds getting the base model (the node's copy) and loading it; data_s,
+# the processor, rows, length filter and held-out rows; first_step_at, when
+# the first optimizer step ended. Times are Unix seconds.
+STARTUP_KEY = "raydrop_startup"
+
+
+def model_source(args: argparse.Namespace, scratch: str, rank: int) -> str:
+    """What from_pretrained loads the processor and the model from: with --staged-model,
+    the node's copy of the staged snapshot (weights.py; kept in scratch's models/, which
+    no cleaning here removes); otherwise --model-id."""
+    if not getattr(args, "staged_model", ""):
+        return args.model_id
+    start = time.monotonic()
+    folder = weights.fetch_to_node(args.staged_model, scratch, lambda msg: log.info("%s", msg))
+    log.info("model: rank %d loads %s (ready after %.1f s)", rank, folder, time.monotonic() - start)
+    return folder
+
+
 def check_dropped(rows: int, dropped: int, max_length: int, max_share: float, longest: int) -> None:
     """Refuse to train when more of the dataset than max_share is too long to train on."""
     if rows and dropped / rows > max_share:
@@ -324,6 +355,7 @@ def train_func(config: Dict[str, Any]) -> None:
     import torch
     from transformers import AutoProcessor, set_seed
 
+    started_at = time.time()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = argparse.Namespace(**config)
     ctx = ray.train.get_context()
@@ -338,11 +370,17 @@ def train_func(config: Dict[str, Any]) -> None:
 
     # One process per node downloads (dataset, model, checkpoint) into the
     # node's caches; the others then read those caches. The rows are checked
-    # before the model is fetched, so a dataset that cannot train fails fast.
+    # before the model is fetched from the Hub, so a dataset that cannot train
+    # fails fast; a staged model's node copy comes first, as it holds the
+    # processor the check needs.
     fmt = data.Format.from_json(json.loads(args.dataset_format) if getattr(args, "dataset_format", "") else None)
     revision = getattr(args, "dataset_revision", "")
+    clock = time.monotonic()
+    model_dir = model_source(args, scratch, rank)
+    weights_s = time.monotonic() - clock
+    clock = time.monotonic()
     with training_args.main_process_first(local=True, desc="load processor and dataset"):
-        processor = AutoProcessor.from_pretrained(args.model_id, use_fast=True)
+        processor = AutoProcessor.from_pretrained(model_dir, use_fast=True)
         dataset = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
 
     rows = len(dataset)
@@ -358,6 +396,7 @@ def train_func(config: Dict[str, Any]) -> None:
         eval_dataset, _, _ = data.filter_by_length(eval_dataset, processor, args.max_seq_length, fmt)
     else:
         dataset, eval_dataset = data.hold_out(dataset, args.eval_share, args.seed)
+    data_s = time.monotonic() - clock
     data_stats = {"dataset_rows": rows, "dropped_rows": dropped, "max_seq_length": args.max_seq_length,
                   "eval_rows": len(eval_dataset) if eval_dataset is not None else 0}
     if rank == 0:
@@ -365,7 +404,9 @@ def train_func(config: Dict[str, Any]) -> None:
 
     resume_dir = None
     with training_args.main_process_first(local=True, desc="load model and checkpoint"):
-        model = modeling.load_model(args.model_id, args.quantization, args.attention, args.use_gpu, device)
+        clock = time.monotonic()
+        model = modeling.load_model(model_dir, args.quantization, args.attention, args.use_gpu, device)
+        weights_s += time.monotonic() - clock
         if args.resume_from:
             resume_dir = fetch_checkpoint(args.resume_from, scratch)
     resume_step = None
@@ -395,7 +436,8 @@ def train_func(config: Dict[str, Any]) -> None:
     callback = _make_callback_class()(
         data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None,
         watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None,
-                           tell_key=getattr(args, "notice_key", None)))
+                           tell_key=getattr(args, "notice_key", None)),
+        startup={"started_at": started_at, "weights_s": round(weights_s, 3), "data_s": round(data_s, 3)})
     trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -195,7 +195,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 			p, first := h.latest(ctx, rec, files)
 			ran = func(r *runs.Record) {
 				r.NoteStarted(rec.Attempt, d.ServedOn, d.Startup)
-				r.NoteFirstReport(rec.Attempt, first)
+				r.NoteFirstReport(rec.Attempt, first.at, first.startup)
 				if r.MarkRunning(rec.Attempt, h.Deps.Time()) == nil && p != nil {
 					r.Progress = p
 				}

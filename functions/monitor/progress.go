@@ -23,7 +23,7 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 			return runs.ErrNoChange
 		}
 		r.NoteStarted(attempt, d.ServedOn, d.Startup)
-		r.NoteFirstReport(attempt, first)
+		r.NoteFirstReport(attempt, first.at, first.startup)
 		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
 		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
 			return runs.ErrNoChange
@@ -38,10 +38,10 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 
 // latest is the attempt's progress as its last metrics tell, and when its
 // trainer first reported (both nil before it has).
-func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) (*runs.Progress, *time.Time) {
+func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFiles) (*runs.Progress, firstReport) {
 	res, err := checkpoints.Discover(ctx, files.store, files.exp)
 	if err != nil || res.LastMetrics == nil {
-		return nil, nil
+		return nil, firstReport{}
 	}
 	m := res.LastMetrics
 	p := &runs.Progress{Step: int64(m["step"]), Epoch: m["epoch"], UpdatedAt: h.Deps.Time()}
@@ -51,7 +51,14 @@ func (h *Handler) latest(ctx context.Context, rec *runs.Record, files attemptFil
 	if max := rec.Spec.Training.MaxSteps; max > 0 {
 		p.TotalSteps = int64(max)
 	}
-	return p, res.FirstReportAt
+	return p, firstReport{res.FirstReportAt, res.TrainerStartup}
+}
+
+// firstReport is when the trainer first reported, and its account of its
+// start then.
+type firstReport struct {
+	at      *time.Time
+	startup *checkpoints.TrainerStartup
 }
 
 // newer reports whether p tells more than the recorded progress.

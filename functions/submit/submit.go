@@ -15,6 +15,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/pkg/weights"
 )
 
 // Handler handles provisioned messages.
@@ -44,6 +45,13 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if c := rec.Check; c != nil && c.Result != nil && c.Result.Dataset != nil {
 		run.DatasetRevision = c.Result.Dataset.ResolvedRevision // the data checked, even if the branch moved
 	}
+	model, err := h.model(ctx, rec)
+	if errors.Is(err, errRefused) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	run.Model = model
 	if err := run.Validate(); err != nil {
 		return pipeline.Permanent(err)
 	}
@@ -57,6 +65,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	rec, err = d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		err := r.MarkSubmitted(step.Attempt, d.Time())
 		changed = err == nil
+		if changed && model != nil {
+			r.Model = model
+		}
 		return err
 	})
 	if err != nil {
@@ -69,6 +80,10 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		return nil
 	}
 	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", step.Attempt, "rayjob", job.Name, "namespace", job.Namespace)
+	if model != nil {
+		d.Log.Info("model_staged", "run_id", rec.RunID, "model", model.Repo, "commit", model.Commit, "uri", model.URI,
+			"staged", model.Staged, "staged_by", model.StagedBy)
+	}
 	return d.Send(ctx, d.Config.Topics.Submitted, step)
 }
 
@@ -79,7 +94,15 @@ func (h *Handler) check(ctx context.Context, rec *runs.Record) error {
 	if rec.CancelRequested {
 		return d.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeCancelled, Reason: runs.ReasonCancelled, Message: "cancelled before the data check started"})
 	}
-	job, err := d.CheckJob(rec)
+	// The check's driver stages the base model (or waits for the run that
+	// does), on the head, before any GPU worker is asked for.
+	model, err := h.model(ctx, rec)
+	if errors.Is(err, errRefused) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	job, err := d.CheckJob(rec, model)
 	if err != nil {
 		return err
 	}
@@ -89,12 +112,39 @@ func (h *Handler) check(ctx context.Context, rec *runs.Record) error {
 		return err
 	}
 	d.Log.Info("rayjob_created", "run_id", rec.RunID, "attempt", manifests.CheckAttempt, "rayjob", job.Name, "namespace", job.Namespace, "data_check", true)
+	if model != nil && rec.Model == nil {
+		// The commit is pinned now: training reads what the check staged.
+		if _, err := d.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+			if r.Model != nil {
+				return runs.ErrNoChange
+			}
+			r.Model = model
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
 	return d.Send(ctx, d.Config.Topics.Submitted, pipeline.Step{RunID: rec.RunID, Attempt: manifests.CheckAttempt})
 }
 
-// errRefused: the API server refused the RayJob for good, and the run
-// ended for it.
-var errRefused = errors.New("the API server refused the RayJob")
+// errRefused: the API server refused the RayJob for good, or the Hub the
+// model, and the run ended for it.
+var errRefused = errors.New("refused for good")
+
+// model is where the run's base model is read from (Deps.StageModel). A
+// model or revision the Hub does not have, or refuses the token for, fails
+// the run (InvalidModel) and sends it to finalize: errRefused then.
+func (h *Handler) model(ctx context.Context, rec *runs.Record) (*runs.Model, error) {
+	m, err := h.Deps.StageModel(ctx, rec)
+	if !weights.IsPermanent(err) {
+		return m, err
+	}
+	h.Deps.Log.Error("model_refused", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+	if ferr := h.Deps.Finish(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeFailed, Reason: runs.InvalidModel, Message: err.Error()}); ferr != nil {
+		return nil, ferr
+	}
+	return nil, errRefused
+}
 
 // create creates the RayJob of the run's current step (create-or-get). One
 // the API server refuses for good (Invalid, BadRequest) fails the run

@@ -22,7 +22,7 @@ locals {
     submit = {
       entry_point     = "Submit"
       publishes       = ["submitted", "finished"]
-      reads_artifacts = false
+      reads_artifacts = true
       writes_reports  = false
       kube = {
         rayjobs = ["create"]
@@ -101,6 +101,9 @@ locals {
     RAYDROP_TOPIC_MARKS       = var.topics.marks
     RAYDROP_EVENT_BUS         = var.event_bus ? google_eventarc_message_bus.events[0].id : ""
     RAYDROP_TRAINER_IMAGE     = local.trainer_image
+    # Base models staged once per revision beside the checkpoints, which
+    # the Ray pods write and the functions read (pkg/weights).
+    RAYDROP_MODEL_STAGING = var.stage_models ? "gs://${google_storage_bucket.artifacts.name}/models" : ""
   })
 
   # .gcloudignore, read as the archive's excludes. A pattern without a slash
@@ -144,6 +147,14 @@ resource "google_service_account" "function" {
   account_id   = "raydrop-${each.key}"
   display_name = "raydrop ${each.value.entry_point} function"
   depends_on   = [google_project_service.services]
+}
+
+# The functions read the Hub token (HF_TOKEN, above).
+resource "google_secret_manager_secret_iam_member" "function_hf_token" {
+  for_each  = local.functions
+  secret_id = google_secret_manager_secret.hf_token.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.function[each.key].email}"
 }
 
 resource "google_service_account" "build" {
@@ -333,6 +344,14 @@ resource "google_cloudfunctions2_function" "trigger" {
     ingress_settings                 = "ALLOW_INTERNAL_ONLY"
     service_account_email            = google_service_account.function[each.value.function].email
     environment_variables            = local.function_env
+    # The Hub token, for the model revisions of private repositories
+    # (submit resolves a revision to its commit).
+    secret_environment_variables {
+      key        = "HF_TOKEN"
+      project_id = var.project_id
+      secret     = google_secret_manager_secret.hf_token.secret_id
+      version    = "latest"
+    }
   }
 
   event_trigger {
@@ -354,6 +373,7 @@ resource "google_cloudfunctions2_function" "trigger" {
   depends_on = [
     terraform_data.iam_propagation,
     kubernetes_role_binding_v1.function,
+    google_secret_manager_secret_iam_member.function_hf_token,
   ]
 }
 

@@ -232,3 +232,9 @@ variable "node_service_account" {
   type        = string
   default     = ""
 }
+
+variable "stage_models" {
+  description = "Stage each base model revision once in the checkpoint bucket (gs://<artifacts>/models/<repo>/<commit>), copied from the Hub by the first run that needs it; every later run and node reads it from there. False: every node of every run downloads the model from the Hub."
+  type        = bool
+  default     = true
+}

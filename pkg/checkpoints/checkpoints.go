@@ -121,10 +121,13 @@ type Result struct {
 	LastMetrics map[string]float64 `json:"lastMetrics,omitempty"` // the last report
 	// FirstReportAt is when the trainer made its first report (Ray's
 	// timestamp, to the second): its first logged optimizer step.
-	FirstReportAt *time.Time         `json:"firstReportAt,omitempty"`
-	Mark          *Mark              `json:"mark,omitempty"`
-	Incomplete    []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
-	FinalMetrics  map[string]float64 `json:"finalMetrics,omitempty"`
+	FirstReportAt *time.Time `json:"firstReportAt,omitempty"`
+	// TrainerStartup is the trainer's own account of its start, from its
+	// first report; nil when it gave none.
+	TrainerStartup *TrainerStartup    `json:"trainerStartup,omitempty"`
+	Mark           *Mark              `json:"mark,omitempty"`
+	Incomplete     []string           `json:"incomplete,omitempty"` // checkpoints missing adapter files
+	FinalMetrics   map[string]float64 `json:"finalMetrics,omitempty"`
 }
 
 // Discover reads the experiment folder experiment (a name prefix without a
@@ -159,6 +162,9 @@ func Discover(ctx context.Context, st Store, experiment string) (*Result, error)
 	res.Reports = len(lines)
 	if len(lines) > 0 && !lines[0].at.IsZero() {
 		res.FirstReportAt = &lines[0].at
+	}
+	if len(lines) > 0 {
+		res.TrainerStartup = lines[0].startup
 	}
 	byName := map[string]*Checkpoint{}
 	for _, l := range lines {
@@ -293,6 +299,30 @@ type report struct {
 	metrics    map[string]float64
 	checkpoint string
 	at         time.Time // Ray's timestamp of the report; zero when absent
+	startup    *TrainerStartup
+}
+
+// StartupKey is the entry of the trainer's first report that holds its
+// TrainerStartup (trainer/worker.py).
+const StartupKey = "raydrop_startup"
+
+// TrainerStartup is the trainer's own account of how it started, timed by
+// its rank-0 worker: when its train function began (Ray had set up the
+// runtime env and started the worker process), the seconds it took to get
+// the base model (the node's copy, or the Hub) and load it, and the data
+// (processor, rows, length filter, held-out rows), and when its first
+// optimizer step ended. Times are Unix seconds.
+type TrainerStartup struct {
+	StartedAt      float64 `json:"started_at"`
+	WeightsSeconds float64 `json:"weights_s"`
+	DataSeconds    float64 `json:"data_s"`
+	FirstStepAt    float64 `json:"first_step_at"`
+}
+
+// Valid says whether the account can be used: times set, durations not
+// negative, and the first step after the start.
+func (s *TrainerStartup) Valid() bool {
+	return s != nil && s.StartedAt > 0 && s.FirstStepAt >= s.StartedAt && s.WeightsSeconds >= 0 && s.DataSeconds >= 0
 }
 
 // readResult parses result.json: one JSON object per line. A torn last line
@@ -321,6 +351,13 @@ func readResult(ctx context.Context, st Store, name string) ([]report, error) {
 		for k, v := range raw {
 			if k == "checkpoint_dir_name" {
 				_ = json.Unmarshal(v, &r.checkpoint)
+				continue
+			}
+			if k == StartupKey {
+				var su TrainerStartup
+				if json.Unmarshal(v, &su) == nil && su.Valid() {
+					r.startup = &su
+				}
 				continue
 			}
 			var unix int64

@@ -114,7 +114,7 @@ func TestDiscover(t *testing.T) {
 func TestDiscoverMetrics(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, merge(adapter("checkpoint_000000"), map[string]string{
-		trial + "/result.json":              `{"step": 10, "epoch": 1.0, "loss": 1.5, "learning_rate": 0.0002, "checkpoint_dir_name": "checkpoint_000000", "timestamp": 17, "pid": 3, "hostname": "h"}`,
+		trial + "/result.json":              `{"step": 10, "epoch": 1.0, "loss": 1.5, "learning_rate": 0.0002, "checkpoint_dir_name": "checkpoint_000000", "timestamp": 17, "pid": 3, "hostname": "h", "raydrop_startup": {"started_at": 3.5, "weights_s": 4.25, "data_s": 1, "first_step_at": 16.5}}`,
 		"run/attempt-1/raydrop_result.json": `{"status": "failed", "error": "ValueError: boom", "finalMetrics": {"train_runtime": 12.5}, "noticeSeen": true}`,
 	}))
 	res, err := checkpoints.Discover(context.Background(), checkpoints.Dir(dir), "run/attempt-1")
@@ -130,6 +130,12 @@ func TestDiscoverMetrics(t *testing.T) {
 	}
 	if res.FirstReportAt == nil || res.FirstReportAt.Unix() != 17 {
 		t.Errorf("first report at %v, want Ray's timestamp 17", res.FirstReportAt)
+	}
+	if su := res.TrainerStartup; su == nil || *su != (checkpoints.TrainerStartup{StartedAt: 3.5, WeightsSeconds: 4.25, DataSeconds: 1, FirstStepAt: 16.5}) {
+		t.Errorf("the trainer's account of its start %+v", su)
+	}
+	if _, ok := c.Metrics[checkpoints.StartupKey]; ok {
+		t.Error("the trainer's account of its start kept as a metric")
 	}
 	if res.Mark == nil || res.Mark.Status != "failed" || res.Mark.Error != "ValueError: boom" || !res.Mark.NoticeSeen {
 		t.Errorf("mark %+v", res.Mark)

@@ -74,6 +74,11 @@ func TestTrainerLayoutContract(t *testing.T) {
 			if res.Reports > 0 && res.FirstReportAt == nil {
 				t.Errorf("%d reports, none with Ray's timestamp", res.Reports)
 			}
+			// The first report of a run that trained carries the trainer's
+			// own account of its start (worker.py's raydrop_startup).
+			if m.Status == "succeeded" && res.Reports > 0 && !res.TrainerStartup.Valid() {
+				t.Errorf("%d reports, the first without the trainer's account of its start: %+v", res.Reports, res.TrainerStartup)
+			}
 			// Every mark says whether a preemption notice reached the attempt.
 			if m.NoticeSeen == nil || res.Mark.NoticeSeen != *m.NoticeSeen {
 				t.Errorf("mark noticeSeen: discovery %v, file %v", res.Mark.NoticeSeen, m.NoticeSeen)

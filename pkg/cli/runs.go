@@ -333,6 +333,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if line := imageText(r); line != "" {
 		fmt.Fprintf(tw, "image\t%s\n", line)
 	}
+	if line := modelText(r); line != "" {
+		fmt.Fprintf(tw, "model\t%s\n", line)
+	}
 	if c := capacityText(r); c != "" {
 		fmt.Fprintf(tw, "capacity\t%s\n", c)
 	}
@@ -515,6 +518,25 @@ func runMigrateState(ctx context.Context, e *env, args []string) int {
 // imageText is what the run's Ray containers run: the deployment's trainer
 // image by digest, or the images its spec named (their runtime env
 // installing the trainer's requirements).
+// modelText is the base model's line: its revision pinned by commit, and
+// where the workers read it.
+func modelText(r *runs.Record) string {
+	m := r.Model
+	if m == nil {
+		return ""
+	}
+	var how string
+	switch {
+	case m.Staged:
+		how = "staged already by " + m.StagedBy
+	case m.StagedBy == r.RunID:
+		how = "staged by this run from the Hub"
+	default:
+		how = "being staged by " + m.StagedBy
+	}
+	return fmt.Sprintf("%s@%s (revision %s), read from %s, %s", m.Repo, m.Commit, m.Revision, m.URI, how)
+}
+
 func imageText(r *runs.Record) string {
 	if r.Spec == nil {
 		return ""

@@ -68,3 +68,29 @@ func TestCapacityShown(t *testing.T) {
 		t.Errorf("start-up %q, want %q", got, want)
 	}
 }
+
+// TestModelText: status names the commit the run trains from, where the
+// workers read it, and who staged it.
+func TestModelText(t *testing.T) {
+	const c = "0123456789abcdef0123456789abcdef01234567"
+	m := &runs.Model{Repo: "google/gemma-3-4b-it", Revision: "main", Commit: c, URI: "gs://b/models/google/gemma-3-4b-it/" + c, StagedBy: "run-a"}
+	for _, tt := range []struct {
+		run    string
+		staged bool
+		want   string
+	}{
+		{"run-a", false, "staged by this run from the Hub"},
+		{"run-b", false, "being staged by run-a"},
+		{"run-b", true, "staged already by run-a"},
+	} {
+		mm := *m
+		mm.Staged = tt.staged
+		got := modelText(&runs.Record{RunID: tt.run, Model: &mm})
+		if want := "google/gemma-3-4b-it@" + c + " (revision main), read from " + m.URI + ", " + tt.want; got != want {
+			t.Errorf("%s (staged %v): %q, want %q", tt.run, tt.staged, got, want)
+		}
+	}
+	if got := modelText(&runs.Record{}); got != "" {
+		t.Errorf("a run without staging shows %q", got)
+	}
+}

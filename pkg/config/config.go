@@ -53,6 +53,16 @@ type Config struct {
 	// install at run time. Unset: the stock Ray images, with the trainer's
 	// requirements pip-installed by each run's runtime env.
 	TrainerImage string
+	// RAYDROP_MODEL_STAGING (optional, gs://bucket[/prefix], the bucket one
+	// of the output buckets): where base models are staged, once per
+	// revision (pkg/weights). Unset: every node of every run downloads the
+	// model from the Hugging Face Hub.
+	ModelStaging string
+	// RAYDROP_HF_ENDPOINT (default https://huggingface.co): the Hub the
+	// functions ask which commit a model revision is; HF_TOKEN, when set,
+	// is sent with it (private and gated repositories).
+	HubEndpoint string
+	HubToken    string
 }
 
 // The variables LoadConfig reads (and Env writes); the topics' are
@@ -71,6 +81,9 @@ const (
 	EnvScaleDownGrace = "RAYDROP_SCALE_DOWN_GRACE"
 	EnvGPUHourUSD     = "RAYDROP_GPU_HOUR_USD"
 	EnvTrainerImage   = "RAYDROP_TRAINER_IMAGE"
+	EnvModelStaging   = "RAYDROP_MODEL_STAGING"
+	EnvHubEndpoint    = "RAYDROP_HF_ENDPOINT"
+	EnvHubToken       = "HF_TOKEN"
 )
 
 // BusName is the form of a message bus's name (RAYDROP_EVENT_BUS).
@@ -149,6 +162,9 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		GKECluster:   get(EnvGKECluster, ""),
 		EventBus:     get(EnvEventBus, ""),
 		TrainerImage: get(EnvTrainerImage, ""),
+		ModelStaging: strings.TrimSuffix(get(EnvModelStaging, ""), "/"),
+		HubEndpoint:  get(EnvHubEndpoint, ""),
+		HubToken:     get(EnvHubToken, ""),
 	}
 	def := wiring.DefaultTopics()
 	for _, k := range wiring.TopicKeys {
@@ -166,6 +182,15 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.TrainerImage != "" {
 		if msg := CheckTrainerImage(c.TrainerImage); msg != "" {
 			errs = append(errs, fmt.Errorf("%s %q %s", EnvTrainerImage, c.TrainerImage, msg))
+		}
+	}
+	if c.ModelStaging != "" {
+		bucket, _, _ := strings.Cut(strings.TrimPrefix(c.ModelStaging, "gs://"), "/")
+		switch {
+		case !strings.HasPrefix(c.ModelStaging, "gs://") || bucket == "":
+			errs = append(errs, fmt.Errorf("%s %q is not gs://bucket[/prefix]", EnvModelStaging, c.ModelStaging))
+		case !slices.Contains(c.OutputBuckets, bucket):
+			errs = append(errs, fmt.Errorf("%s %q: bucket %s is not one of %s (the Ray pods write the staged models there)", EnvModelStaging, c.ModelStaging, bucket, EnvOutputBuckets))
 		}
 	}
 	if len(c.Namespaces) == 0 {
@@ -223,6 +248,9 @@ func (c Config) Env() []string {
 	set(EnvGKECluster, c.GKECluster)
 	set(EnvEventBus, c.EventBus)
 	set(EnvTrainerImage, c.TrainerImage)
+	set(EnvModelStaging, c.ModelStaging)
+	set(EnvHubEndpoint, c.HubEndpoint)
+	set(EnvHubToken, c.HubToken)
 	if c.ScaleDownAge != 0 {
 		set(EnvScaleDownGrace, c.ScaleDownAge.String())
 	}

@@ -19,6 +19,7 @@ func full() Config {
 		EventBus:     "projects/p-12345/locations/us-central1/messageBuses/bus",
 		ScaleDownAge: 90 * time.Second, GPUHourUSD: 2.5,
 		TrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer@sha256:" + strings.Repeat("ab", 32),
+		ModelStaging: "gs://out-a/models", HubEndpoint: "http://127.0.0.1:9/hub", HubToken: "hf_x",
 	}
 	for _, k := range wiring.TopicKeys {
 		c.Topics.Set(k, "t-"+k)
@@ -103,6 +104,30 @@ func TestTrainerImageByDigestOnly(t *testing.T) {
 		got := CheckTrainerImage(ref)
 		if (want == "") != (got == "") || !strings.Contains(got, want) {
 			t.Errorf("CheckTrainerImage(%q) = %q, want %q", ref, got, want)
+		}
+	}
+}
+
+// TestModelStagingInAnOutputBucket: the staged models live in a bucket the
+// Ray pods write (an output bucket); any other place is refused, named.
+func TestModelStagingInAnOutputBucket(t *testing.T) {
+	for staging, want := range map[string]string{
+		"gs://out-a/models": "",
+		"gs://out-a/":       "",
+		"gs://elsewhere/m":  "bucket elsewhere is not one of " + EnvOutputBuckets,
+		"s3://out-a/models": "is not gs://bucket[/prefix]",
+		"gs:///models":      "is not gs://bucket[/prefix]",
+	} {
+		c := full()
+		c.ModelStaging = staging
+		got, err := Parse(c.Env())
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: %v", staging, err)
+		case want == "" && got.ModelStaging != strings.TrimSuffix(staging, "/"):
+			t.Errorf("%s read back as %q", staging, got.ModelStaging)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: error %v, want one saying %q", staging, err, want)
 		}
 	}
 }

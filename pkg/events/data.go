@@ -16,6 +16,7 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	if r.Spec != nil {
 		d.Images = &Images{Head: r.Spec.Cluster.HeadImage(), Workers: r.Spec.Cluster.WorkerImage(), Trainer: r.TrainerImage != ""}
 	}
+	d.Model = r.Model
 	if t := r.Trial; t != nil {
 		d.Trial = &TrialRef{SweepID: t.SweepID, Index: t.Index, Params: t.Params}
 	}
@@ -96,7 +97,11 @@ func startupOf(r *runs.Record) *Startup {
 	if !ok {
 		return nil
 	}
-	return &Startup{NodesSeconds: p.Nodes, ImageSeconds: p.Image, FirstStepSeconds: p.FirstStep, Seconds: p.Total()}
+	s := &Startup{NodesSeconds: p.Nodes, ImageSeconds: p.Image, FirstStepSeconds: p.FirstStep, Seconds: p.Total()}
+	if t := p.Trainer; t != nil {
+		s.RuntimeEnvSeconds, s.WeightsSeconds, s.DataSeconds, s.StepSeconds = &t.RuntimeEnv, &t.Weights, &t.Data, &t.Steps
+	}
+	return s
 }
 
 // timings is the seconds spent in each phase the run went through, every

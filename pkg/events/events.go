@@ -77,6 +77,10 @@ type Run struct {
 	// run): the deployment's trainer image by digest, so that the run can
 	// be reproduced, or the images the spec named.
 	Images *Images `json:"images,omitempty"`
+	// Model is the base model's revision, pinned by commit, and its staged
+	// copy in the deployment's bucket (every event from the submission of
+	// the first attempt on, where the deployment stages models).
+	Model *runs.Model `json:"model,omitempty"`
 
 	Checkpoints      []checkpoints.Checkpoint `json:"checkpoints,omitempty"`
 	LatestCheckpoint *checkpoints.Checkpoint  `json:"latestCheckpoint,omitempty"`
@@ -127,6 +131,12 @@ type Startup struct {
 	NodesSeconds     float64  `json:"nodesSeconds"`
 	ImageSeconds     float64  `json:"imageSeconds"`
 	FirstStepSeconds *float64 `json:"firstStepSeconds,omitempty"`
+	// The trainer's own split of FirstStepSeconds, when it gave one
+	// (runs.TrainerParts).
+	RuntimeEnvSeconds *float64 `json:"runtimeEnvSeconds,omitempty"`
+	WeightsSeconds    *float64 `json:"weightsSeconds,omitempty"`
+	DataSeconds       *float64 `json:"dataSeconds,omitempty"`
+	StepSeconds       *float64 `json:"stepSeconds,omitempty"`
 	// Seconds is their sum (also timings.startup in a terminal event).
 	Seconds float64 `json:"seconds"`
 }

@@ -25,7 +25,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
+	"github.com/raydrop/raydrop/pkg/weights"
 	"github.com/raydrop/raydrop/trainer"
 )
 
@@ -59,6 +61,10 @@ type Run struct {
 	// image, which holds the trainer's locked dependencies, so the runtime
 	// env installs nothing (runs.Record.TrainerImage).
 	Preinstalled bool
+	// Model, when set, is the staged base model the workers read
+	// (runs.Record.Model): its folder, its commit, and whether this run
+	// copies it from the Hub first.
+	Model *runs.Model
 }
 
 // checkpointURIRE allows the checkpoint URIs Ray Train writes, and nothing a
@@ -74,6 +80,11 @@ func (r Run) Validate() error {
 	if r.DatasetRevision != "" {
 		if msg := spec.CheckRevision(r.DatasetRevision); msg != "" {
 			return fmt.Errorf("dataset revision %s", msg)
+		}
+	}
+	if m := r.Model; m != nil {
+		if !weights.CommitRe.MatchString(m.Commit) || !checkpointURIRE.MatchString(m.URI) || strings.Contains(m.URI, "/../") {
+			return fmt.Errorf("staged model %q at commit %q is not a gs:// folder and a Hub commit", m.URI, m.Commit)
 		}
 	}
 	if r.Attempt < 1 {
@@ -484,6 +495,10 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 	}
 	if run.ResumeFrom != "" {
 		args = append(args, "--resume-from", run.ResumeFrom)
+	}
+	if m := run.Model; m != nil {
+		args = append(args, "--staged-model", m.URI, "--model-revision", m.Commit,
+			"--stage-model", btoa(!m.Staged && m.StagedBy == run.ID))
 	}
 	return args
 }

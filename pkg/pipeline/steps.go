@@ -114,8 +114,8 @@ func (d *Deps) StartFirst(ctx context.Context, rec *runs.Record) error {
 
 // CheckJob is the run's data check RayJob, its estimate at the price of the
 // first capacity tier (else the deployment's).
-func (d *Deps) CheckJob(rec *runs.Record) (*rayv1.RayJob, error) {
-	run := manifests.Run{ID: rec.RunID, Attempt: 1, Source: rec.Source, SpecHash: rec.SpecHash, Preinstalled: rec.TrainerImage != ""}
+func (d *Deps) CheckJob(rec *runs.Record, model *runs.Model) (*rayv1.RayJob, error) {
+	run := manifests.Run{ID: rec.RunID, Attempt: 1, Source: rec.Source, SpecHash: rec.SpecHash, Preinstalled: rec.TrainerImage != "", Model: model}
 	if err := run.Validate(); err != nil {
 		return nil, Permanent(err)
 	}

@@ -355,15 +355,20 @@ func (r *Record) NoteStarted(attempt, tier int, s *Startup) bool {
 	return changed
 }
 
-// NoteFirstReport records when the trainer first reported in attempt, once;
-// true when the record changed.
-func (r *Record) NoteFirstReport(attempt int, at *time.Time) bool {
+// NoteFirstReport records when the trainer first reported in attempt, and
+// its own account of its start (nil when it gave none), once; true when the
+// record changed.
+func (r *Record) NoteFirstReport(attempt int, at *time.Time, trainer *checkpoints.TrainerStartup) bool {
 	a := r.open(attempt)
 	if a == nil || at == nil || a.FirstReportAt != nil {
 		return false
 	}
 	t := *at
 	a.FirstReportAt = &t
+	if trainer.Valid() {
+		su := *trainer
+		a.TrainerStartup = &su
+	}
 	return true
 }
 

@@ -324,14 +324,22 @@ func TestNoteStarted(t *testing.T) {
 	if r.NoteStarted(1, 3, nil) || r.CurrentAttempt().Tier != 2 {
 		t.Errorf("a running attempt's tier moved: %+v", r.CurrentAttempt())
 	}
-	if r.NoteFirstReport(2, &t0) || r.CurrentAttempt().FirstReportAt != nil {
+	if r.NoteFirstReport(2, &t0, nil) || r.CurrentAttempt().FirstReportAt != nil {
 		t.Errorf("another attempt's first report was recorded")
 	}
 	first := t0.Add(4 * time.Minute)
-	if !r.NoteFirstReport(1, &first) || r.NoteFirstReport(1, &t0) || !r.CurrentAttempt().FirstReportAt.Equal(first) {
-		t.Errorf("first report %v, want %v, recorded once", r.CurrentAttempt().FirstReportAt, first)
+	su := &checkpoints.TrainerStartup{StartedAt: 100, WeightsSeconds: 1, DataSeconds: 2, FirstStepAt: 110}
+	if !r.NoteFirstReport(1, &first, su) || r.NoteFirstReport(1, &t0, nil) || !r.CurrentAttempt().FirstReportAt.Equal(first) || *r.CurrentAttempt().TrainerStartup != *su {
+		t.Errorf("first report %v (%+v), want %v (%+v), recorded once", r.CurrentAttempt().FirstReportAt, r.CurrentAttempt().TrainerStartup, first, su)
+	}
+	r2 := inPhase(Running)
+	r2.Attempt = 1
+	if !r2.NoteFirstReport(1, &first, &checkpoints.TrainerStartup{StartedAt: 100, FirstStepAt: 90}) || r2.CurrentAttempt().TrainerStartup != nil {
+		t.Errorf("an account whose first step comes before its start was recorded: %+v", r2.CurrentAttempt().TrainerStartup)
 	}
 }
+
+func unix(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 // TestStartupParts: the start-up splits from the attempt's creation into
 // the wait for nodes, the image pull, and the time to the trainer's first
@@ -352,6 +360,14 @@ func TestStartupParts(t *testing.T) {
 		{"and the first report", Attempt{CreatedAt: t0, Startup: up, FirstReportAt: &first}, StartupParts{Nodes: 90, Image: 30, FirstStep: f(60)}, 180, "3m0s: nodes 1m30s, image 30s, to the first step 1m0s"},
 		{"scheduled before the attempt", Attempt{CreatedAt: t0.Add(100 * time.Second), Startup: up}, StartupParts{Image: 20}, 20, "20s: nodes 0s, image 20s"},
 		{"workers kept from before", Attempt{CreatedAt: t0.Add(150 * time.Second), Startup: up, FirstReportAt: &first}, StartupParts{FirstStep: f(30)}, 30, "30s: nodes 0s, image 0s, to the first step 30s"},
+		// The trainer's account: its function began 12 s after the
+		// containers, took 20 s for the weights and 5 s for the data, and
+		// ended its first step 45 s after the containers started (before
+		// its first report, a minute after).
+		{"the trainer's account", Attempt{CreatedAt: t0, Startup: up, FirstReportAt: &first, TrainerStartup: &checkpoints.TrainerStartup{
+			StartedAt: unix(up.StartedAt.Add(12 * time.Second)), WeightsSeconds: 20, DataSeconds: 5, FirstStepAt: unix(up.StartedAt.Add(45 * time.Second))}},
+			StartupParts{Nodes: 90, Image: 30, FirstStep: f(45), Trainer: &TrainerParts{RuntimeEnv: 12, Weights: 20, Data: 5, Steps: 8}}, 165,
+			"2m45s: nodes 1m30s, image 30s, to the first step 45s (runtime env 12s, weights 20s, data 5s, first step 8s)"},
 	}
 	for _, tt := range tests {
 		p, ok := tt.a.StartupParts()

@@ -55,7 +55,7 @@ var reasons = []struct {
 	{NoCheckpoint, "failed: the job succeeded but wrote no complete checkpoint"},
 	{Preempted, "failed: attempts were lost to preemption (Spot VMs reclaimed, nodes shut down) more often than limits.preemptions allows; on a retried attempt, why it was retried"},
 	{InvalidData, "failed: the data check found data the run cannot train on (the message names the file, row and column); no GPU worker was asked for"},
-	{InvalidModel, "failed: the data check found a model the trainer cannot fine-tune (not a Gemma 3 vision model); no GPU worker was asked for"},
+	{InvalidModel, "failed: the data check found a model the trainer cannot fine-tune (not a Gemma 3 vision model; no GPU worker was asked for), or the Hugging Face Hub has no such model revision or refuses the deployment's token for it"},
 	{DataCheckFailed, "failed: the data check ended without a verdict (its RayJob failed or was lost), or did not end within limits.startDeadline"},
 	{EarlyStopped, "stopped: the sweep's early stopping rule stopped the trial (its held-out loss at a checkpoint trailed the median of the other trials' at the same checkpoint); its checkpoints are kept"},
 	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},

@@ -36,6 +36,10 @@ type Record struct {
 	// head and the workers both run it (UseImages): its dependencies are
 	// installed, so the run's runtime env installs nothing.
 	TrainerImage string `json:"trainerImage,omitempty"`
+	// Model is the base model's revision, pinned by commit at the first
+	// attempt, and where it is staged, when the deployment stages models
+	// (RAYDROP_MODEL_STAGING); nil: the workers load it from the Hub.
+	Model *Model `json:"model,omitempty"`
 	// Trial is the sweep the run is a trial of, nil for a run of its own.
 	Trial     *TrialOf `json:"trial,omitempty"`
 	Cluster   string   `json:"cluster,omitempty"`
@@ -124,6 +128,9 @@ type Attempt struct {
 	// FirstReportAt is when the trainer made its first report of the
 	// attempt (its first logged optimizer step), as Ray timed it.
 	FirstReportAt *time.Time `json:"firstReportAt,omitempty"`
+	// TrainerStartup is the trainer's own account of its start, from the
+	// same first report; nil when it gave none.
+	TrainerStartup *checkpoints.TrainerStartup `json:"trainerStartup,omitempty"`
 }
 
 // Startup is when an attempt's worker pods came up, as their status says:
@@ -144,6 +151,19 @@ type Startup struct {
 type StartupParts struct {
 	Nodes, Image float64
 	FirstStep    *float64
+	// Trainer splits FirstStep by the trainer's own account, when it gave
+	// one: FirstStep is then their sum, to the end of its first optimizer
+	// step rather than its first report.
+	Trainer *TrainerParts
+}
+
+// TrainerParts are the seconds from the workers' containers' start to the
+// end of the trainer's first optimizer step: RuntimeEnv until its train
+// function began (Ray's runtime env, the worker processes), Weights
+// getting and loading the base model, Data the processor and rows, Steps
+// the rest (the model's adapters, the first step).
+type TrainerParts struct {
+	RuntimeEnv, Weights, Data, Steps float64
 }
 
 // Total is the seconds of the parts known.
@@ -165,11 +185,17 @@ func (a *Attempt) StartupParts() (p StartupParts, ok bool) {
 	}
 	p.Nodes = max(s.ScheduledAt.Sub(a.CreatedAt).Seconds(), 0)
 	p.Image = max(s.StartedAt.Sub(a.CreatedAt).Seconds()-p.Nodes, 0)
-	if a.FirstReportAt != nil {
-		up := s.StartedAt
-		if up.Before(a.CreatedAt) {
-			up = a.CreatedAt
-		}
+	up := s.StartedAt
+	if up.Before(a.CreatedAt) {
+		up = a.CreatedAt
+	}
+	if su := a.TrainerStartup; su.Valid() {
+		unix := func(t float64) time.Time { return time.Unix(0, int64(t*1e9)) }
+		t := &TrainerParts{RuntimeEnv: max(unix(su.StartedAt).Sub(up).Seconds(), 0), Weights: su.WeightsSeconds, Data: su.DataSeconds}
+		t.Steps = max(unix(su.FirstStepAt).Sub(up).Seconds()-t.RuntimeEnv-t.Weights-t.Data, 0)
+		f := t.RuntimeEnv + t.Weights + t.Data + t.Steps
+		p.FirstStep, p.Trainer = &f, t
+	} else if a.FirstReportAt != nil {
 		f := max(a.FirstReportAt.Sub(up).Seconds(), 0)
 		p.FirstStep = &f
 	}
@@ -183,6 +209,9 @@ func (p StartupParts) Text() string {
 	s := fmt.Sprintf("%s: nodes %s, image %s", sec(p.Total()), sec(p.Nodes), sec(p.Image))
 	if p.FirstStep != nil {
 		s += fmt.Sprintf(", to the first step %s", sec(*p.FirstStep))
+	}
+	if t := p.Trainer; t != nil {
+		s += fmt.Sprintf(" (runtime env %s, weights %s, data %s, first step %s)", sec(t.RuntimeEnv), sec(t.Weights), sec(t.Data), sec(t.Steps))
 	}
 	return s
 }
@@ -251,4 +280,19 @@ func (r *Record) CurrentAttempt() *Attempt {
 		}
 	}
 	return nil
+}
+
+// Model is a run's base model: the revision the spec asked for, the commit
+// the Hub resolved it to (every attempt trains from that commit), and the
+// staged copy in the deployment's bucket the workers read (weights).
+type Model struct {
+	Repo     string `json:"repo"`
+	Revision string `json:"revision"`
+	Commit   string `json:"commit"`
+	// URI is the staged copy's folder, gs://<bucket>/<prefix>/<repo>/<commit>.
+	URI string `json:"uri"`
+	// StagedBy is the run that staged the copy, or stages it now; Staged:
+	// the copy was complete when this run's attempt was submitted.
+	StagedBy string `json:"stagedBy"`
+	Staged   bool   `json:"staged"`
 }

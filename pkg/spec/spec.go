@@ -50,6 +50,7 @@ type JobSpec struct {
 // Model selects the base model and how it is loaded.
 type Model struct {
 	ID           string `json:"id" spec:"kind=hfrepo" doc:"Hugging Face model repository id."`
+	Revision     string `json:"revision,omitempty" spec:"kind=revision,max=128,optional" doc:"Hub model revision (branch, tag or commit) to train from; empty: the default branch. The pipeline resolves it to a commit when the first attempt is submitted, and every attempt trains from that commit (staged once in the deployment's bucket where the deployment stages models)."`
 	Attention    string `json:"attention" spec:"enum=sdpa|eager" doc:"Attention implementation; the reference used eager."`
 	Quantization string `json:"quantization" spec:"enum=none|4bit" doc:"Base weight quantisation; 4bit is QLoRA (bitsandbytes NF4) as in the reference, none keeps bf16 weights."`
 }

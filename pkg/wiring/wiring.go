@@ -97,7 +97,7 @@ var Functions = []Function{
 		Kube: map[string][]string{ResourceConfigMaps: {"create"}, ResourceRayClusters: {"create", "get", "update"}},
 	},
 	{
-		Name: "submit", EntryPoint: "Submit",
+		Name: "submit", EntryPoint: "Submit", ReadsArtifacts: true, // the staged models' markers
 		Triggers:  []Trigger{{Name: "submit", Topic: TopicProvisioned}},
 		Publishes: []string{TopicSubmitted, TopicFinished},
 		Kube:      map[string][]string{ResourceRayJobs: {"create"}},

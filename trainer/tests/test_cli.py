@@ -16,7 +16,8 @@ REPO = os.path.dirname(TRAINER_DIR)
 # current by the Go test that compares it with what the code renders.
 GOLDEN_RAYJOB = os.path.join(REPO, "pkg", "manifests", "testdata", "example.golden.yaml")
 # Flags whose value is the deployment's or the run's, not a training default.
-PER_RUN = {"run_id", "storage_path", "experiment_name", "mark_notice", "accelerator_type"}
+PER_RUN = {"run_id", "storage_path", "experiment_name", "mark_notice", "accelerator_type",
+           "staged_model", "stage_model", "model_revision"}
 
 CONTRACT_ARGV = [
     "--run-id", "r-1", "--storage-path", "gs://b/raydrop/checkpoints", "--experiment-name", "exp",
@@ -59,6 +60,19 @@ def test_tutorial_choices_reachable():
         assert getattr(a, key) == tutorial, key
 
 
+def test_staged_model_flags():
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    uri = f"gs://b/models/google/gemma-3-4b-it/{commit}"
+    a = cli.parse_args(["--storage-path", "/s", "--staged-model", uri, "--model-revision", commit,
+                        "--stage-model", "true"])
+    assert (a.staged_model, a.model_revision, a.stage_model) == (uri, commit, True)
+    a = cli.parse_args(["--storage-path", "/s", "--staged-model", uri, "--model-revision", commit,
+                        "--stage-model", "false"])
+    assert a.stage_model is False
+    a = cli.parse_args(["--storage-path", "/s"])
+    assert (a.staged_model, a.model_revision, a.stage_model) == ("", "", False)
+
+
 @pytest.mark.parametrize("argv", [
     ["--use-gpu", "maybe"],
     ["--run-id", "Bad_ID"],
@@ -70,6 +84,9 @@ def test_tutorial_choices_reachable():
     ["--experiment-name", "a/b"],
     ["--quantization", "4bit", "--use-gpu", "false"],
     ["--warmup-ratio", "1.5"],
+    ["--model-revision", "main"],  # the commit the pipeline resolved, never a branch
+    ["--stage-model", "true", "--model-revision", "0123456789abcdef0123456789abcdef01234567"],
+    ["--stage-model", "true", "--staged-model", "gs://b/models/m/c"],
 ])
 def test_rejects(argv, capsys):
     with pytest.raises(SystemExit) as e:

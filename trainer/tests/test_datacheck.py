@@ -156,3 +156,33 @@ def test_a_hub_revision_is_resolved_to_the_commit_read(monkeypatch):
     assert datacheck.resolve_revision("/no/such/folder-but-absolute", "v1") in ("v1",)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda self, repo, revision=None: 1 / 0)
     assert datacheck.resolve_revision("my-org/receipts", "v2") == "v2"
+
+
+def test_the_check_stages_the_model_first(tmp_path, assets, processor, monkeypatch):
+    """With --staged-model, the check's driver stages the model (on the head, before any GPU
+    worker exists) once the model is known to be one the trainer can fine-tune, then checks
+    the data. The Hub is a fake one serving the tiny model; the model check itself is
+    covered by test_a_model_that_is_not_gemma3 and is given the tiny model's processor."""
+    import collections
+
+    import huggingface_hub.constants
+
+    import fakehub
+    import weights
+
+    checked = []
+    monkeypatch.setattr(datacheck, "check_model", lambda model_id: checked.append(model_id) or processor)
+    # The suite is offline (conftest.py); this test reaches the fake Hub on 127.0.0.1 only.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    folder = tiny.write_imagefolder(str(tmp_path / "d"), n=8)
+    uri = "file://" + str(tmp_path / "bucket" / "models" / fakehub.REPO / fakehub.COMMIT)
+    with fakehub.FakeHub.of_folder(assets["model"]) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        code, doc = check(tmp_path, {**assets, "model": fakehub.REPO}, folder, extra=[
+            "--run-id", "run-1", "--staged-model", uri, "--stage-model", "true", "--model-revision", fakehub.COMMIT])
+    assert code == 0 and doc["ok"], doc
+    assert checked == [fakehub.REPO]
+    assert hub.gets == collections.Counter({n: 1 for n in os.listdir(assets["model"])})
+    with open(os.path.join(uri[len("file://"):], weights.MARKER), encoding="utf-8") as f:
+        marker = json.load(f)
+    assert marker["stagedBy"] == "run-1" and marker["commit"] == fakehub.COMMIT

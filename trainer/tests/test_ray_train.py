@@ -10,6 +10,7 @@ If RAYDROP_LAYOUT_DIR is set, the storage tree is copied there afterwards.
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import math
@@ -155,6 +156,20 @@ def test_reported_metrics(run_a, storage):
     final = rows[-1]
     assert final["train_runtime"] > 0 and final["global_step"] == STEPS
     assert final["latest_checkpoint_dir_name"] == "checkpoint_000001"
+
+
+def test_first_report_tells_how_the_worker_started(run_a, storage):
+    """The first report, and only it, carries rank 0's own start-up account (the pipeline's
+    checkpoints.TrainerStartup): when its train function began, the seconds for the model
+    and for the data, and when the first optimizer step ended, before Ray stamped the report."""
+    _, rows = results(storage, "exp-a")
+    first = rows[0].get("raydrop_startup")
+    assert first is not None, rows[0]
+    assert set(first) == {"started_at", "weights_s", "data_s", "first_step_at"}, first
+    assert first["weights_s"] > 0 and first["data_s"] > 0, first
+    assert first["started_at"] + first["weights_s"] + first["data_s"] <= first["first_step_at"], first
+    assert first["first_step_at"] <= rows[0]["timestamp"] + 1, (first, rows[0]["timestamp"])
+    assert all("raydrop_startup" not in r for r in rows[1:])
 
 
 def test_every_checkpoint_is_evaluated_on_held_out_rows(run_a, storage):
@@ -466,3 +481,35 @@ def test_a_workers_notice_file_reaches_the_drivers_mark(ray_address, storage, as
     assert "SIGTERM: gave the workers notice" not in out, out[-6000:]
     m = mark(storage, "exp-file")
     assert m["status"] == "preempted" and m["noticeSeen"] is True, m
+
+
+def test_workers_share_one_node_copy_of_the_staged_model(ray_address, storage, assets, tmp_path):
+    """--stage-model true: the driver streams the model from the Hub (a fake one) into the
+    bucket (a file:// folder) before training; the two workers, on one node, load one copy
+    of it that the first of them made in the node's scratch volume. The workers' own
+    environment is offline, so a worker that went to the Hub for --model-id would fail."""
+    import fakehub
+    import weights
+
+    uri = "file://" + str(tmp_path / "bucket" / "models" / fakehub.REPO / fakehub.COMMIT)
+    with fakehub.FakeHub.of_folder(assets["model"]) as hub:
+        proc = run_trainer(ray_address, storage, "exp-staged", {**assets, "model": fakehub.REPO},
+                           extra=["--staged-model", uri, "--stage-model", "true", "--model-revision", fakehub.COMMIT,
+                                  "--max-steps", "2", "--save-steps", "2"],
+                           env_extra={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert mark(storage, "exp-staged")["status"] == "succeeded"
+    model_files = sorted(os.listdir(assets["model"]))
+    assert hub.gets == collections.Counter({n: 1 for n in model_files})  # the Hub read once, by the driver
+    assert f"raydrop: model: staging {len(model_files)} files of {fakehub.REPO}@{fakehub.COMMIT}" in out
+    assert f"raydrop: model staged at {uri} in " in out
+
+    dest = weights.node_dir(os.environ["RAYDROP_SCRATCH"], fakehub.REPO, fakehub.COMMIT)
+    assert sorted(set(os.listdir(dest)) - {weights.NODE_COMPLETE}) == model_files
+    with open(dest + weights.NODE_FETCHES_SUFFIX, encoding="utf-8") as f:
+        fetches = [json.loads(line) for line in f]
+    assert len({r["pid"] for r in fetches}) == WORKERS == len(fetches), fetches
+    assert sorted(r["copied"] for r in fetches) == [False, True], fetches
+    for rank in range(WORKERS):
+        assert f"model: rank {rank} loads {dest}" in out, out[-6000:]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func TestCapacityFallsBack(t *testing.T) {
 	data := tieredSpec(t, "e2e-fallback",
 		map[string]any{"type": "reservation", "wait": "1m"},
 		map[string]any{"type": "spot", "gpuHourUsd": 3})
-	runID := upload(t, "fallback", data, "refuse=reservation,pull=3s,steps=2,step=200ms")
+	runID := upload(t, "fallback", data, "refuse=reservation,pull=3s,env=1s,weights=2s,data=1s,steps=2,step=200ms")
 
 	// While the reservation refuses, the run waits in SUBMITTED and its
 	// record says why.
@@ -83,7 +84,18 @@ func TestCapacityFallsBack(t *testing.T) {
 			t.Errorf("%s event's start-up %+v; want nodes after the reservation's minute (59 s or more), then an image pull of 2 s or more", phase, u)
 			continue
 		}
-		t.Logf("%s event's start-up: nodes %.0f s, image %.0f s, to the first step %v s, in all %.0f s", phase, u.NodesSeconds, u.ImageSeconds, fmtSeconds(u.FirstStepSeconds), u.Seconds)
+		t.Logf("%s event's start-up: nodes %.0f s, image %.0f s, to the first step %v s (runtime env %v s, weights %v s, data %v s, first step %v s), in all %.0f s",
+			phase, u.NodesSeconds, u.ImageSeconds, fmtSeconds(u.FirstStepSeconds), fmtSeconds(u.RuntimeEnvSeconds), fmtSeconds(u.WeightsSeconds), fmtSeconds(u.DataSeconds), fmtSeconds(u.StepSeconds), u.Seconds)
+		// Once the trainer reported, its own account splits the time to its
+		// first step: the scenario's 1 s of runtime env (after the Ray job's
+		// pending time), 2 s for the weights, 1 s for the data, a 200 ms step.
+		if u.FirstStepSeconds != nil {
+			if u.RuntimeEnvSeconds == nil || *u.RuntimeEnvSeconds < 1 || *u.WeightsSeconds < 2 || *u.WeightsSeconds > 3 || *u.DataSeconds < 1 || *u.DataSeconds > 2 || *u.StepSeconds < 0.2 {
+				t.Errorf("%s event's start-up %+v; want the trainer's runtime env of 1 s or more, weights 2–3 s, data 1–2 s, a first step of 0.2 s or more", phase, u)
+			} else if sum := *u.RuntimeEnvSeconds + *u.WeightsSeconds + *u.DataSeconds + *u.StepSeconds; math.Abs(sum-*u.FirstStepSeconds) > 1e-6 {
+				t.Errorf("%s event's trainer parts sum to %v, firstStepSeconds %v", phase, sum, *u.FirstStepSeconds)
+			}
+		}
 		// The succeeded event also has the time to the trainer's first
 		// report, which the running event (sent when the workers ran,
 		// before the trainer reported) may not have.

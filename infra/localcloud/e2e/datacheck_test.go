@@ -108,11 +108,20 @@ func workerPods(t *testing.T, cluster string) []corev1.Pod {
 // TestDataCheckPassesThenTrains: a good dataset in the data bucket passes
 // the check (played by the stand-in over the real objects), with no worker
 // pod while it runs; then the workers come up and the run succeeds, its
-// events carrying the check's figures.
+// events carrying the check's figures. The check's driver staged the base
+// model (one no other test trains) on the head, before any worker: the
+// training attempt found it staged.
 func TestDataCheckPassesThenTrains(t *testing.T) {
 	t.Parallel()
+	const model = "google/gemma-3-27b-it"
 	putData(t, "e2e-good", 40, nil, nil)
-	runID := upload(t, "checked", checkedSpec(t, "e2e-checked", "e2e-good", nil, nil), "steps=2,step=300ms,pending=3s")
+	var sp map[string]any
+	if err := json.Unmarshal(checkedSpec(t, "e2e-checked", "e2e-good", nil, nil), &sp); err != nil {
+		t.Fatal(err)
+	}
+	sp["model"] = map[string]any{"id": model}
+	data, _ := json.Marshal(sp)
+	runID := upload(t, "checked", data, "steps=2,step=300ms,pending=3s")
 	r := waitPhase(t, runID, 60*time.Second, runs.Checking, runs.Provisioned, runs.Submitted, runs.Running, runs.Succeeded, runs.Failed)
 	if r.Phase == runs.Checking && (len(workerPods(t, "e2e-checked")) != 0 || createdWorkerPods(t, "e2e-checked") != 0) {
 		t.Errorf("worker pods while the data check runs")
@@ -137,6 +146,26 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 	fetchReport(t, r, final.Report, page)
 	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), `id="data-check"`) || !strings.Contains(string(b), "<dt>Rows</dt><dd>40: ") {
 		t.Errorf("the report does not show the data check (%v)", err)
+	}
+	if m := r.Model; m == nil || m.Repo != model || m.Commit != st.Hub.CommitOf(model) || !m.Staged || m.StagedBy != runID {
+		t.Errorf("record's model %+v; want %s staged by the run's data check", m, model)
+	}
+	for f, n := range st.Hub.Downloads(model) {
+		if n != 1 {
+			t.Errorf("the Hub served %s %d times, want once", f, n)
+		}
+	}
+	staged := 0
+	for _, j := range st.Sim.Played() {
+		if j.Args["model-id"] == model && j.StagedModel {
+			staged++
+			if j.RayJob != "default/"+names.RayJob(runID, 0) {
+				t.Errorf("Ray job of %s staged the model; want the data check's (attempt 0)", j.RayJob)
+			}
+		}
+	}
+	if staged != 1 {
+		t.Errorf("%d Ray jobs staged %s, want the data check alone", staged, model)
 	}
 	// The workers came up only after the check: KubeRay created them then.
 	if n := createdWorkerPods(t, "e2e-checked"); n == 0 {

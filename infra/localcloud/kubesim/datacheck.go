@@ -753,6 +753,17 @@ func (p *play) check(ctx context.Context, rj *rayv1.RayJob, args *trainerArgs) {
 		return
 	}
 	st := newStore(p.d.sim.o.Storage, p.d.sim.o.Project)
+	// The check's driver stages the base model first, as datacheck.py does.
+	switch err := (&trainer{p: p, a: args, st: st}).stageModel(ctx); {
+	case errors.Is(err, errStopped):
+		p.end(rayv1.JobStatusStopped, "", "")
+		return
+	case err != nil && ctx.Err() == nil:
+		p.end(rayv1.JobStatusFailed, err.Error(), "")
+		return
+	case err != nil:
+		return
+	}
 	doc, err := standInCheck(ctx, gcsSource{st}, args.all, format)
 	if doc == nil {
 		doc = checkVerdict(err, args.all)

@@ -51,6 +51,9 @@ type Options struct {
 	// Scenario says how each RayJob's Ray job plays; nil plays every job
 	// with DefaultScenario. It is called once per submission.
 	Scenario func(ctx context.Context, job *rayv1.RayJob) Scenario
+	// Hub is the Hugging Face Hub's endpoint the trainer stand-in stages
+	// base models from (the local cloud's, package hub).
+	Hub string
 	// Log receives the simulator's records; KubeRay's and
 	// controller-runtime's go to it too, info as Debug and errors as Warn.
 	// Nil discards everything.
@@ -122,6 +125,11 @@ type Scenario struct {
 	// PodScheduled true and its containers waiting in ContainerCreating
 	// meanwhile, as the kubelet reports it.
 	Pull time.Duration
+	// Env, Weights and Data are how long the trainer takes, once the Ray
+	// job runs, before its train function begins (Ray's runtime env), to
+	// get its base model, and to read its data (default 0 each); the first
+	// report tells them (raydrop_startup), as the trainer's does.
+	Env, Weights, Data time.Duration
 	// PreemptAt is a run's preemption steps, one per attempt: the local
 	// cloud plays attempt n as Preempt at PreemptAt[n-1] and lets the
 	// attempts after the list succeed. The player itself reads Outcome
@@ -185,6 +193,9 @@ type JobRecord struct {
 	Submitted    time.Time         `json:"submitted"`
 	Started      time.Time         `json:"started,omitzero"`
 	Ended        time.Time         `json:"ended,omitzero"`
+	// StagedModel: this job copied the base model from the Hub into the
+	// staging bucket (--stage-model true, and no marker there yet).
+	StagedModel bool `json:"stagedModel,omitempty"`
 }
 
 // Sim is a running Kubernetes side of the local cloud.

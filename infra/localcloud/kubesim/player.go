@@ -18,6 +18,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 )
 
 // play is one submitted Ray job: its dashboard status and the trainer
@@ -231,6 +233,9 @@ type trainer struct {
 	evalRows int            // rows every checkpoint is evaluated on
 	samples  any            // the mark's samples entry, once written
 	notice   bool           // a preemption notice came: save at this step
+	// startup is the trainer's account of its start (checkpoints.
+	// TrainerStartup) until the first report after the first step sends it.
+	startup map[string]any
 	// driverLog is the driver's output so far (driverlog.go).
 	driverLog strings.Builder
 }
@@ -252,6 +257,13 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 		r.Trial = gsURI(a.bucket, t.trial)
 	})
 
+	// The driver stages the base model (or waits for it) before Ray Train
+	// starts.
+	if err := t.stageModel(ctx); errors.Is(err, errStopped) {
+		return rayv1.JobStatusStopped, ""
+	} else if err != nil {
+		return t.abort(ctx, err.Error(), false)
+	}
 	// Ray Train validates the storage path, then writes the experiment and
 	// trial metadata.
 	if err := t.st.ensureBucket(ctx, a.bucket); err != nil {
@@ -269,6 +281,14 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 		}
 		t.resumed, t.history = step, hist
 		t.p.update(func(r *JobRecord) { r.ResumedFrom = step })
+	}
+
+	// The train function begins once Ray's runtime env is set up; it gets
+	// the base model and the data, timing both, as trainer/worker.py does.
+	if err := t.startFunction(ctx); errors.Is(err, errStopped) {
+		return rayv1.JobStatusStopped, ""
+	} else if err != nil {
+		return "", ""
 	}
 
 	// The length filter and the held-out rows, as trainer/worker.py makes
@@ -546,6 +566,29 @@ func (t *trainer) saves(step, total int) bool {
 	return step%t.sc.StepsPerEpoch == 0
 }
 
+// startFunction plays the time before the train function begins (the
+// scenario's Env), then its getting the model and the data (Weights,
+// Data), and keeps its account for the first report.
+func (t *trainer) startFunction(ctx context.Context) error {
+	sc := t.sc
+	if err := t.p.sleep(ctx, sc.Env); err != nil {
+		return err
+	}
+	began := time.Now()
+	if err := t.p.sleep(ctx, sc.Weights); err != nil {
+		return err
+	}
+	weights := time.Since(began)
+	if err := t.p.sleep(ctx, sc.Data); err != nil {
+		return err
+	}
+	data := time.Since(began) - weights
+	t.startup = map[string]any{"started_at": unixSeconds(began), "weights_s": round(weights.Seconds(), 3), "data_s": round(data.Seconds(), 3)}
+	return nil
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
 // rayKeys adds what Ray Tune adds to every reported result.
 func (t *trainer) rayKeys(m map[string]any, ckpt any) {
 	now := time.Now()
@@ -604,6 +647,11 @@ func (t *trainer) step(ctx context.Context, step, total int) error {
 		t.p.update(func(r *JobRecord) { r.Checkpoints = append(r.Checkpoints, gsURI(t.a.bucket, t.trial+"/"+name)) })
 	}
 	m["latest_checkpoint_dir_name"] = t.latest
+	if t.startup != nil {
+		t.startup["first_step_at"] = unixSeconds(time.Now())
+		m[checkpoints.StartupKey] = t.startup
+		t.startup = nil
+	}
 	t.rayKeys(m, ckpt)
 	t.rows = append(t.rows, m)
 	if err := t.writeResults(ctx); err != nil {

@@ -52,6 +52,12 @@ func ParseScenario(text string) (Scenario, error) {
 			sc.PendingFor, err = time.ParseDuration(v)
 		case "pull":
 			sc.Pull, err = time.ParseDuration(v)
+		case "env":
+			sc.Env, err = time.ParseDuration(v)
+		case "weights":
+			sc.Weights, err = time.ParseDuration(v)
+		case "data":
+			sc.Data, err = time.ParseDuration(v)
 		case "dropped":
 			sc.DroppedRows, err = strconv.Atoi(v)
 		case "refuse":
@@ -66,7 +72,7 @@ func ParseScenario(text string) (Scenario, error) {
 				err = fmt.Errorf("preemptAs=%s: allowed: preempt (the save on notice ends), reclaim (the node goes mid-step), reclaim-in-save (the node goes during the save)", v)
 			}
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, pull, dropped, refuse, preempt, preemptAs)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, pull, env, weights, data, dropped, refuse, preempt, preemptAs)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)

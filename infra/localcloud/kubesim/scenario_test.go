@@ -9,12 +9,12 @@ import (
 )
 
 func TestParseScenario(t *testing.T) {
-	sc, err := kubesim.ParseScenario("outcome=fail,at=5,steps=3,step=100ms,pending=1s,pull=3s,dropped=2,refuse=reservation:20s/spot")
+	sc, err := kubesim.ParseScenario("outcome=fail,at=5,steps=3,step=100ms,pending=1s,pull=3s,env=4s,weights=5s,data=6s,dropped=2,refuse=reservation:20s/spot")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if sc.Outcome != kubesim.Fail || sc.At != 5 || sc.StepsPerEpoch != 3 || sc.StepTime != 100*time.Millisecond ||
-		sc.PendingFor != time.Second || sc.Pull != 3*time.Second || sc.DroppedRows != 2 || sc.Refuse["reservation"] != 20*time.Second || sc.Refuse["spot"] != 0 || len(sc.Refuse) != 2 {
+		sc.PendingFor != time.Second || sc.Pull != 3*time.Second || sc.Env != 4*time.Second || sc.Weights != 5*time.Second || sc.Data != 6*time.Second || sc.DroppedRows != 2 || sc.Refuse["reservation"] != 20*time.Second || sc.Refuse["spot"] != 0 || len(sc.Refuse) != 2 {
 		t.Errorf("parsed %+v", sc)
 	}
 	if d, err := kubesim.ParseScenario(" "); err != nil || d.Outcome != kubesim.DefaultScenario().Outcome {

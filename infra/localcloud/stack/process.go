@@ -71,7 +71,10 @@ func (s *Stack) newFunction(bin, target string) (*function, error) {
 		Project: Project, IntakeBucket: IntakeBucket, StateBucket: StateBucket, Kubeconfig: kubeconfig,
 		ScaleDownAge: 30 * time.Second, EventSource: "//raydrop.dev/localcloud",
 		OutputBuckets: s.opts.OutputBuckets, DataBuckets: []string{DataBucket}, Namespaces: []string{Namespace},
-		EventBus: BusName, TrainerImage: TrainerImage,
+		EventBus: BusName, TrainerImage: TrainerImage, HubEndpoint: s.Hub.URL(),
+	}
+	if len(s.opts.OutputBuckets) > 0 {
+		cfg.ModelStaging = "gs://" + s.opts.OutputBuckets[0] + "/" + ModelStagingPrefix
 	}
 	f.env = append(os.Environ(), "GORACE=halt_on_error=1", "FUNCTION_TARGET="+target, "PORT="+strconv.Itoa(port), "LOCAL_ONLY=true",
 		config.PublishingEndpointEnv+"="+s.Bus.Addr())

@@ -37,6 +37,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/emulators"
 	"github.com/raydrop/raydrop/infra/localcloud/eventarc"
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
+	"github.com/raydrop/raydrop/infra/localcloud/hub"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/infra/localcloud/strictgcs"
 	"github.com/raydrop/raydrop/pkg/config"
@@ -75,6 +76,14 @@ var Topics = wiring.DefaultTopics()
 // pipeline treats it as a deployment's image: admitted runs name it and
 // their runtime env installs nothing.
 var TrainerImage = "localhost/raydrop/trainer@" + trainer.ImageDigest()
+
+// HubModels are the model repositories the local Hugging Face Hub holds,
+// each a stand-in snapshot (hub.Snapshot).
+var HubModels = []string{"google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it"}
+
+// ModelStagingPrefix is where, in the first output bucket, the local cloud
+// stages base models (RAYDROP_MODEL_STAGING).
+const ModelStagingPrefix = "models"
 
 // BuildEnv is the build environment of the deployed functions (the build
 // environment variables in infra/gcp/functions.tf): Cloud Storage's
@@ -116,6 +125,10 @@ type Stack struct {
 	// Bus is the deployment's Eventarc Advanced message bus (BusName),
 	// which the functions publish every public event to as well.
 	Bus *eventarc.Bus
+	// Hub is the local cloud's Hugging Face Hub (package hub), holding
+	// HubModels: the functions resolve model revisions there, and the
+	// trainer stand-in stages them from it.
+	Hub *hub.Hub
 	// GCS is the harness's own client of Cloud Storage: through the
 	// strict gate (StrictGCS), without the functions' doors and faults.
 	GCS *storage.Client
@@ -231,8 +244,17 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		}
 	}
 
+	repos := map[string]map[string][]byte{}
+	for _, id := range HubModels {
+		repos[id] = hub.Snapshot(id, 256<<10)
+	}
+	if s.Hub, err = hub.Start(repos); err != nil {
+		return nil, err
+	}
+	s.step("serving the models %s at a local Hugging Face Hub, %s", strings.Join(HubModels, ", "), s.Hub.URL())
+
 	s.step("starting kube-apiserver + etcd with KubeRay's reconcilers (about 15 s)")
-	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, Project: Project, Scenario: s.scenario, Log: o.Log.With("part", "kubesim")}); err != nil {
+	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Log: o.Log.With("part", "kubesim")}); err != nil {
 		return nil, err
 	}
 	s.Kubeconfig = filepath.Join(o.StateDir, "kubeconfig")
@@ -408,6 +430,9 @@ func (s *Stack) Stop() {
 		}
 		if s.closeGCS != nil {
 			s.closeGCS()
+		}
+		if s.Hub != nil {
+			_ = s.Hub.Close()
 		}
 		var errs []error
 		if s.Sim != nil {

@@ -108,7 +108,7 @@ func New(t testing.TB) *World {
 	}
 	w.Deps = &pipeline.Deps{
 		Config: cfg, Runs: w.Runs, Sweeps: &sweeps.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.GCS}, Publisher: w,
-		Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.Ray, Kube: w.Kube.CoreV1(),
+		StateBucket: b, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.Ray, Kube: w.Kube.CoreV1(),
 		Log: slog.New(slog.NewTextHandler(out, nil)), Clock: clock,
 	}
 	return w
