@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/cloudevents/sdk-go/v2/event"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/raydrop/raydrop/pkg/manifests"
@@ -56,11 +57,17 @@ func submitted(t *testing.T, w *pipelinetest.World, run string) (*runs.Record, s
 	if err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, e); err != nil {
 		t.Fatalf("%s: %v", run, err)
 	}
+	return w.Record(run), entrypoint(t, w, run)
+}
+
+// entrypoint is the entrypoint of run's first attempt's RayJob.
+func entrypoint(t *testing.T, w *pipelinetest.World, run string) string {
+	t.Helper()
 	j, err := w.Ray.RayV1().RayJobs("default").Get(w.Ctx, names.RayJob(run, 1), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("%s: %v", run, err)
 	}
-	return w.Record(run), j.Spec.Entrypoint
+	return j.Spec.Entrypoint
 }
 
 // TestRunsSubmittedTogetherStageOnce: of several runs of one model
@@ -73,13 +80,26 @@ func TestRunsSubmittedTogetherStageOnce(t *testing.T) {
 	for _, id := range ids {
 		w.NewRun(id, w.Spec(func(m map[string]any) { m["cluster"].(map[string]any)["name"] = "c-" + id }), runs.Provisioned, runs.Ending{})
 	}
-	entries := make([]string, len(ids))
-	recs := make([]*runs.Record, len(ids))
+	// The messages are made first (the world's message counter is not
+	// shared across goroutines), then delivered at once.
+	var evs []event.Event
+	for _, id := range ids {
+		evs = append(evs, w.StepEvent(w.Deps.Config.Topics.Provisioned, pipeline.Step{RunID: id, Attempt: 1}))
+	}
+	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Go(func() { recs[i], entries[i] = submitted(t, w, id) })
+	for i := range ids {
+		wg.Go(func() { errs[i] = (&Handler{Deps: w.Deps}).Handle(w.Ctx, evs[i]) })
 	}
 	wg.Wait()
+	entries := make([]string, len(ids))
+	recs := make([]*runs.Record, len(ids))
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", id, errs[i])
+		}
+		recs[i], entries[i] = w.Record(id), entrypoint(t, w, id)
+	}
 	stagers := 0
 	for i, id := range ids {
 		m := recs[i].Model
