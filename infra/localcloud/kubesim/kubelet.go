@@ -77,7 +77,35 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if err := k.Status().Update(ctx, pod); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	k.started(ctx, pod, scheduled, now)
 	return ctrl.Result{}, nil
+}
+
+// started records what the scheduler and the kubelet record of a pod that
+// came up (kubectl describe pod shows them): Scheduled, then per container
+// Pulled (the pull's time, from the pod's binding), Created and Started.
+// A pod with a pull also got Pulling when it was bound. Best effort, as
+// the kubelet's own events are.
+func (k *kubelet) started(ctx context.Context, pod *corev1.Pod, scheduled, now metav1.Time) {
+	pull := now.Sub(scheduled.Time).Round(time.Millisecond)
+	k.event(ctx, pod, "default-scheduler", "Scheduled", "Successfully assigned %s/%s to a simulated node", pod.Namespace, pod.Name)
+	for _, c := range pod.Spec.Containers {
+		k.event(ctx, pod, "kubelet", "Pulled", "Successfully pulled image %q in %s (%s including waiting). Image size: 0 bytes.", c.Image, pull, pull)
+		k.event(ctx, pod, "kubelet", "Created", "Created container: %s", c.Name)
+		k.event(ctx, pod, "kubelet", "Started", "Started container %s", c.Name)
+	}
+}
+
+// event records one Event about pod, as its source would.
+func (k *kubelet) event(ctx context.Context, pod *corev1.Pod, source, reason, format string, args ...any) {
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: pod.Namespace, GenerateName: pod.Name + "."},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
+		Reason:         reason, Message: fmt.Sprintf(format, args...), Type: corev1.EventTypeNormal,
+		Source: corev1.EventSource{Component: source}, FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	_ = k.Create(ctx, ev) // as the kubelet's: an event lost is no failure
 }
 
 // pulling plays the time a worker pod takes from its node to its running
@@ -108,6 +136,7 @@ func (k *kubelet) pulling(ctx context.Context, pod *corev1.Pod, now metav1.Time)
 				pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
 					Name: c.Name, Image: c.Image, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}},
 				})
+				k.event(ctx, pod, "kubelet", "Pulling", "Pulling image %q", c.Image)
 			}
 			return scheduled, pull
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -571,6 +572,26 @@ func TestImagePull(t *testing.T) {
 		// The API server keeps whole seconds.
 		if pull := p.Status.ContainerStatuses[0].State.Running.StartedAt.Sub(at.Time); pull < time.Second {
 			t.Errorf("pod %s: containers started %v after it was bound, want about 2s", p.Name, pull)
+		}
+		// The kubelet's events tell the same story (kubectl describe pod).
+		evs := &corev1.EventList{}
+		if err := k8s.List(context.Background(), evs, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		var reasons []string
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name != p.Name {
+				continue
+			}
+			reasons = append(reasons, e.Reason)
+			if e.Reason == "Pulled" && !strings.Contains(e.Message, "Successfully pulled image") {
+				t.Errorf("pod %s: Pulled says %q", p.Name, e.Message)
+			}
+		}
+		for _, want := range []string{"Pulling", "Scheduled", "Pulled", "Created", "Started"} {
+			if !slices.Contains(reasons, want) {
+				t.Errorf("pod %s: events %v, no %s", p.Name, reasons, want)
+			}
 		}
 	}
 	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusComplete, 40*time.Second)
