@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this run copies --model-id at --model-revision from the Hub into --staged-model "
                         "(false: it waits for the run that does)")
     g.add_argument("--model-revision", default="",
-                   help="the Hub commit of --model-id to stage, 40 hex digits (the pipeline resolves it)")
+                   help="the Hub revision of --model-id: with --stage-model, the commit to stage (40 hex "
+                        "digits, which the pipeline resolves); without --staged-model, the branch, tag or commit "
+                        "the workers load; empty: the default branch")
     g.add_argument("--dataset-id", default="philschmid/amazon-product-descriptions-vlm",
                    help="HF repo id or local path (datasets.load_from_disk or load_dataset)")
     g.add_argument("--dataset-revision", default="",
@@ -200,8 +202,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--eval-share must be at most 0.5, got {args.eval_share}")
     if args.quantization == "4bit" and not args.use_gpu:
         parser.error("--quantization 4bit needs --use-gpu true (bitsandbytes 4-bit kernels are CUDA only)")
-    if args.model_revision and not COMMIT_RE.match(args.model_revision):
-        parser.error(f"--model-revision must be a commit id (40 lower-case hex digits), got {args.model_revision!r}")
+    if args.model_revision and args.staged_model and not COMMIT_RE.match(args.model_revision):
+        parser.error(f"--model-revision with --staged-model must be a commit id (40 lower-case hex digits), "
+                     f"got {args.model_revision!r}")
     if args.stage_model and not (args.staged_model and args.model_revision):
         parser.error("--stage-model true needs --staged-model (where to stage) and --model-revision (the commit)")
     if args.dataset_format:

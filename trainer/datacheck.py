@@ -56,12 +56,12 @@ class InvalidModel(ValueError):
     """The model cannot be fine-tuned by this trainer."""
 
 
-def check_model(model_id: str):
+def check_model(model_id: str, revision: Optional[str] = None):
     """The model's processor, after checking that the model is a Gemma 3 vision model."""
     from transformers import AutoConfig, AutoProcessor
 
     try:
-        config = AutoConfig.from_pretrained(model_id)
+        config = AutoConfig.from_pretrained(model_id, revision=revision)
     except Exception as exc:  # noqa: BLE001 - the message says what went wrong
         raise InvalidModel(f"model {model_id!r}: cannot load its config: {result.error_text(exc)}") from None
     arch = list(getattr(config, "architectures", None) or [])
@@ -72,7 +72,7 @@ def check_model(model_id: str):
             f"{ACCEPTED_MODEL_TYPE!r}: the Gemma 3 vision models such as google/gemma-3-4b-it, -12b-it and -27b-it)")
     try:
         with _processor_repr_skipped():
-            processor = AutoProcessor.from_pretrained(model_id, use_fast=True)
+            processor = AutoProcessor.from_pretrained(model_id, revision=revision, use_fast=True)
     except Exception as exc:  # noqa: BLE001
         raise InvalidModel(f"model {model_id!r}: cannot load its processor: {result.error_text(exc)}") from None
     if type(processor).__name__ != "Gemma3Processor":
@@ -211,14 +211,30 @@ def optimizer_steps(rows: int, args) -> Dict[str, int]:
     return {"perEpoch": per_epoch, "total": total}
 
 
+def stage_model(args) -> None:
+    """Stage the model now, on the head, before any GPU worker exists, when this run is
+    the one that stages it (--stage-model true): training then reads it from the bucket.
+    A run that does not stage it does not wait for it here: its training driver does.
+    A snapshot with no weights is an unusable model; any other failure (the Hub, the
+    bucket) leaves the staging to the training driver, and the check goes on."""
+    if not (args.staged_model and args.stage_model):
+        return
+    try:
+        weights.stage(args.model_id, args.model_revision, args.staged_model, args.run_id,
+                      lambda msg: print(f"raydrop: {msg}", flush=True))
+    except ValueError as exc:
+        raise InvalidModel(f"model {args.model_id!r} at {args.model_revision}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the training driver stages it instead
+        print(f"raydrop: could not stage the model at {args.staged_model}: {result.error_text(exc)}; "
+              "the training attempt stages it", flush=True)
+
+
 def run_check(args) -> Dict[str, Any]:
     """The check's document; raises DataError or InvalidModel on unusable input."""
     start = time.time()
     fmt = data.Format.from_json(json.loads(args.dataset_format) if args.dataset_format else None)
-    processor = check_model(args.model_id)
-    # A model the trainer can fine-tune is staged now, on the head, before any GPU
-    # worker exists: training then reads it from the bucket.
-    weights.ready(args, lambda msg: print(f"raydrop: {msg}", flush=True))
+    processor = check_model(args.model_id, None if args.staged_model else args.model_revision or None)
+    stage_model(args)
     revision = resolve_revision(args.dataset_id, args.dataset_revision)
     train = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
     evalset = data.load_rows(args.dataset_id, args.eval_split, fmt, revision) if args.eval_split else None

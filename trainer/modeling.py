@@ -39,11 +39,12 @@ def model_kwargs(quantization: str, attention: str, use_gpu: bool, device: Any =
     return kwargs
 
 
-def load_model(model_id: str, quantization: str, attention: str, use_gpu: bool, device: Any = None):
+def load_model(model_id: str, quantization: str, attention: str, use_gpu: bool, device: Any = None,
+               revision: Optional[str] = None):
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(
-        model_id, **model_kwargs(quantization, attention, use_gpu, device)
+        model_id, revision=revision, **model_kwargs(quantization, attention, use_gpu, device)
     )
     model.config.use_cache = False
     if getattr(model.config, "text_config", None) is not None:

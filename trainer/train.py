@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 # Ray 2.48 writes the V1 layout (trial folder, result.json) unless Train V2 is
 # switched on; the pipeline reads that layout, so pin it.
@@ -52,8 +53,25 @@ def run(args) -> int:
         _log(f"{notice.STOP_WAIT_ENV}={stop_wait}: `ray job stop` may kill this driver before the workers "
              f"have saved on its SIGTERM (the pipeline sets {notice.STOP_WAIT_S})")
 
+    # The model is staged (or waited for) before the workers start. A failure here
+    # writes no completion mark: the attempt then ends as a job without one, which
+    # the pipeline retries (a Hub or bucket hiccup), where a failed mark would end
+    # the run as the training code's own failure. A snapshot that cannot be
+    # trained from at all (ValueError: no weights) is that, and gets its mark.
+    stage_start = time.monotonic()
+    try:
+        weights.ready(args, _log)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - retried by the pipeline, see above
+        _log(f"could not stage the model at {args.staged_model}: {result.error_text(exc)}; "
+             "no completion mark, so the pipeline retries the attempt")
+        return 1
+    stage_s = time.monotonic() - stage_start
+
     storage_path = result.normalize_storage_path(args.storage_path)
     config = dict(vars(args))
+    config["stage_s"] = stage_s
     config["storage_path"] = storage_path
     # The driver's SIGTERM reaches the workers through Ray's store under this
     # key; each worker pod's own notice file is where its environment says.
@@ -80,7 +98,6 @@ def run(args) -> int:
     status, error, trial_hint = "failed", None, None
     try:
         _log(f"run {args.run_id}: {args.num_workers} workers, storage {storage_path}/{args.experiment_name}")
-        weights.ready(args, _log)
         res = trainer.fit()
         trial_hint = os.path.basename(str(res.path).rstrip("/")) if res.path else None
         stopped_at = (res.metrics or {}).get(notice.PREEMPTED_KEY)

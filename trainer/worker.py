@@ -17,7 +17,7 @@ import posixpath
 import shutil
 import tempfile
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import data
 import modeling
@@ -270,20 +270,23 @@ def clean_resume_cache(root: str, keep: Optional[str] = None) -> None:
 # (Ray had set up the runtime env and started the worker); weights_s, the
 # seconds getting the base model (the node's copy) and loading it; data_s,
 # the processor, rows, length filter and held-out rows; first_step_at, when
-# the first optimizer step ended. Times are Unix seconds.
+# the first optimizer step ended; stage_s, the seconds the driver spent
+# staging the model, or waiting for it, before the workers started (part of
+# the time before started_at, not Ray's runtime env). Times are Unix seconds.
 STARTUP_KEY = "raydrop_startup"
 
 
-def model_source(args: argparse.Namespace, scratch: str, rank: int) -> str:
-    """What from_pretrained loads the processor and the model from: with --staged-model,
-    the node's copy of the staged snapshot (weights.py; kept in scratch's models/, which
-    no cleaning here removes); otherwise --model-id."""
+def model_source(args: argparse.Namespace, scratch: str, rank: int) -> Tuple[str, Optional[str]]:
+    """What from_pretrained loads the processor and the model from, and at which revision:
+    with --staged-model, the node's copy of the staged snapshot (weights.py; kept in
+    scratch's models/, which no cleaning here removes); otherwise --model-id on the Hub at
+    --model-revision (None: its default branch)."""
     if not getattr(args, "staged_model", ""):
-        return args.model_id
+        return args.model_id, getattr(args, "model_revision", "") or None
     start = time.monotonic()
     folder = weights.fetch_to_node(args.staged_model, scratch, lambda msg: log.info("%s", msg))
     log.info("model: rank %d loads %s (ready after %.1f s)", rank, folder, time.monotonic() - start)
-    return folder
+    return folder, None
 
 
 def check_dropped(rows: int, dropped: int, max_length: int, max_share: float, longest: int) -> None:
@@ -376,11 +379,11 @@ def train_func(config: Dict[str, Any]) -> None:
     fmt = data.Format.from_json(json.loads(args.dataset_format) if getattr(args, "dataset_format", "") else None)
     revision = getattr(args, "dataset_revision", "")
     clock = time.monotonic()
-    model_dir = model_source(args, scratch, rank)
+    model_dir, model_rev = model_source(args, scratch, rank)
     weights_s = time.monotonic() - clock
     clock = time.monotonic()
     with training_args.main_process_first(local=True, desc="load processor and dataset"):
-        processor = AutoProcessor.from_pretrained(model_dir, use_fast=True)
+        processor = AutoProcessor.from_pretrained(model_dir, revision=model_rev, use_fast=True)
         dataset = data.load_rows(args.dataset_id, args.dataset_split, fmt, revision)
 
     rows = len(dataset)
@@ -405,7 +408,8 @@ def train_func(config: Dict[str, Any]) -> None:
     resume_dir = None
     with training_args.main_process_first(local=True, desc="load model and checkpoint"):
         clock = time.monotonic()
-        model = modeling.load_model(model_dir, args.quantization, args.attention, args.use_gpu, device)
+        model = modeling.load_model(model_dir, args.quantization, args.attention, args.use_gpu, device,
+                                    revision=model_rev)
         weights_s += time.monotonic() - clock
         if args.resume_from:
             resume_dir = fetch_checkpoint(args.resume_from, scratch)
@@ -437,7 +441,8 @@ def train_func(config: Dict[str, Any]) -> None:
         data_stats, resume_step, evaluate=trainer.evaluate if eval_dataset is not None else None,
         watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None,
                            tell_key=getattr(args, "notice_key", None)),
-        startup={"started_at": started_at, "weights_s": round(weights_s, 3), "data_s": round(data_s, 3)})
+        startup={"started_at": started_at, "weights_s": round(weights_s, 3), "data_s": round(data_s, 3),
+                 "stage_s": round(getattr(args, "stage_s", 0.0), 3)})
     trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

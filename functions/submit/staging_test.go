@@ -29,11 +29,17 @@ func hub(t *testing.T, repo string) (*httptest.Server, *atomic.Int32) {
 	asked := &atomic.Int32{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
-		if r.URL.Path != "/api/models/"+repo+"/revision/main" {
+		switch r.URL.Path {
+		case "/api/models/" + repo + "/revision/main", "/api/models/" + repo + "/revision/" + commit:
+			fmt.Fprintf(w, `{"id":%q,"sha":%q,"siblings":[{"rfilename":"config.json"}]}`, repo, commit)
+		case "/" + repo + "/resolve/" + commit + "/config.json":
+			if r.Header.Get("Authorization") != "Bearer hf_accepted" {
+				w.Header().Set("X-Error-Message", "Access to model "+repo+" is restricted. You must have access to it and be authenticated to access it. Please log in.")
+				w.WriteHeader(http.StatusUnauthorized)
+			}
+		default:
 			http.Error(w, `{"error":"Repository Not Found"}`, http.StatusNotFound)
-			return
 		}
-		fmt.Fprintf(w, `{"id":%q,"sha":%q,"siblings":[{"rfilename":"config.json"}]}`, repo, commit)
 	}))
 	t.Cleanup(srv.Close)
 	return srv, asked
@@ -46,6 +52,7 @@ func stagingWorld(t *testing.T) (*pipelinetest.World, *atomic.Int32) {
 	srv, asked := hub(t, "google/gemma-3-4b-it")
 	w.Deps.Config.ModelStaging = "gs://" + pipelinetest.Output + "/models"
 	w.Deps.Config.HubEndpoint = srv.URL
+	w.Deps.Config.HubToken = "hf_accepted" // an account that accepted the gated model's terms
 	return w, asked
 }
 
@@ -140,6 +147,14 @@ func TestStagedModelIsRead(t *testing.T) {
 	if asked.Load() != 1 {
 		t.Errorf("the Hub was asked %d times, want 1", asked.Load())
 	}
+	// A spec pinning the staged commit needs nothing of the Hub.
+	w.NewRun("run-2", w.Spec(func(m map[string]any) {
+		m["cluster"].(map[string]any)["name"] = "c-2"
+		m["model"] = map[string]any{"id": "google/gemma-3-4b-it", "revision": commit}
+	}), runs.Provisioned, runs.Ending{})
+	if rec, _ := submitted(t, w, "run-2"); rec.Model == nil || !rec.Model.Staged || asked.Load() != 1 {
+		t.Errorf("a pinned, staged commit: model %+v, the Hub asked %d times (want still 1)", rec.Model, asked.Load())
+	}
 	again := w.Record("run-1")
 	again.Phase, again.Attempt = runs.Provisioned, 2
 	if got, err := w.Deps.StageModel(w.Ctx, again); err != nil || got.Commit != commit {
@@ -168,21 +183,36 @@ func TestStagingTakenOverFromAnEndedRun(t *testing.T) {
 	}
 }
 
-// TestUnknownModelFailsTheRun: a model the Hub does not have fails the run
-// (InvalidModel, naming model.id) instead of being retried.
+// TestUnknownModelFailsTheRun: a model the Hub does not have, or a gated
+// one whose files it refuses the deployment's token, fails the run
+// (InvalidModel, naming model.id and the Hub's answer) instead of being
+// retried, and no RayJob is created.
 func TestUnknownModelFailsTheRun(t *testing.T) {
-	w, _ := stagingWorld(t)
-	w.NewRun("run-1", w.Spec(func(m map[string]any) { m["model"] = map[string]any{"id": "google/no-such-model"} }), runs.Provisioned, runs.Ending{})
-	e := w.StepEvent(w.Deps.Config.Topics.Provisioned, pipeline.Step{RunID: "run-1", Attempt: 1})
-	if err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, e); err != nil {
-		t.Fatal(err)
-	}
-	r := w.Record("run-1")
-	if r.Reason != runs.InvalidModel || !strings.Contains(r.Message, `model.id "google/no-such-model"`) || !strings.Contains(r.Message, "HTTP 404") {
-		t.Errorf("record %s (%s): %s", r.Phase, r.Reason, r.Message)
-	}
-	if jobs, _ := w.Ray.RayV1().RayJobs("default").List(w.Ctx, metav1.ListOptions{}); len(jobs.Items) != 0 {
-		t.Errorf("%d RayJobs created for a model the Hub does not have", len(jobs.Items))
+	for _, c := range []struct {
+		name, model, token string
+		want               []string
+	}{
+		{"no such model", "google/no-such-model", "hf_accepted", []string{`model.id "google/no-such-model"`, "HTTP 404"}},
+		{"gated, terms not accepted", "google/gemma-3-4b-it", "hf_other", []string{`model.id "google/gemma-3-4b-it"`, "refuses the deployment's Hub token", "HTTP 401", "is restricted"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, _ := stagingWorld(t)
+			w.Deps.Config.HubToken = c.token
+			w.NewRun("run-1", w.Spec(func(m map[string]any) { m["model"] = map[string]any{"id": c.model} }), runs.Provisioned, runs.Ending{})
+			e := w.StepEvent(w.Deps.Config.Topics.Provisioned, pipeline.Step{RunID: "run-1", Attempt: 1})
+			if err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			r := w.Record("run-1")
+			for _, want := range c.want {
+				if r.Reason != runs.InvalidModel || !strings.Contains(r.Message, want) {
+					t.Errorf("record %s (%s): %s; want InvalidModel saying %q", r.Phase, r.Reason, r.Message, want)
+				}
+			}
+			if jobs, _ := w.Ray.RayV1().RayJobs("default").List(w.Ctx, metav1.ListOptions{}); len(jobs.Items) != 0 {
+				t.Errorf("%d RayJobs created for a model the Hub refuses", len(jobs.Items))
+			}
+		})
 	}
 }
 
@@ -214,7 +244,9 @@ func TestDataCheckStagesTheModel(t *testing.T) {
 		t.Fatalf("record %s, model %+v", rec.Phase, m)
 	}
 	rec.Phase, rec.Attempt = runs.Provisioned, 1
-	if m, err := w.Deps.StageModel(w.Ctx, rec); err != nil || m.Commit != commit || asked.Load() != 1 {
-		t.Errorf("attempt 1: %+v %v, the Hub asked %d times (want once)", m, err, asked.Load())
+	// The check asked the Hub twice: the commit, and whether the token may
+	// read its files.
+	if m, err := w.Deps.StageModel(w.Ctx, rec); err != nil || m.Commit != commit || asked.Load() != 2 {
+		t.Errorf("attempt 1: %+v %v, the Hub asked %d times (want the check's 2 only)", m, err, asked.Load())
 	}
 }

@@ -48,6 +48,7 @@ resource "terraform_data" "iam_propagation" {
     [for m in google_artifact_registry_repository_iam_member.build_push : m.id],
     [for m in google_storage_bucket_iam_member.build_source : m.id],
     [for m in google_project_iam_member.build_logs : m.id],
+    [for m in google_secret_manager_secret_iam_member.function_hf_token : m.id],
   )
 
   provisioner "local-exec" {

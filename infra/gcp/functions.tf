@@ -374,6 +374,7 @@ resource "google_cloudfunctions2_function" "trigger" {
     terraform_data.iam_propagation,
     kubernetes_role_binding_v1.function,
     google_secret_manager_secret_iam_member.function_hf_token,
+    google_secret_manager_secret_version.hf_token, # read at "latest"
   ]
 }
 

@@ -311,18 +311,21 @@ const StartupKey = "raydrop_startup"
 // runtime env and started the worker process), the seconds it took to get
 // the base model (the node's copy, or the Hub) and load it, and the data
 // (processor, rows, length filter, held-out rows), and when its first
-// optimizer step ended. Times are Unix seconds.
+// optimizer step ended; and the seconds its driver spent staging the model
+// (or waiting for the run that stages it) before the workers started, part
+// of the time before StartedAt. Times are Unix seconds.
 type TrainerStartup struct {
 	StartedAt      float64 `json:"started_at"`
 	WeightsSeconds float64 `json:"weights_s"`
 	DataSeconds    float64 `json:"data_s"`
 	FirstStepAt    float64 `json:"first_step_at"`
+	StageSeconds   float64 `json:"stage_s,omitempty"`
 }
 
 // Valid says whether the account can be used: times set, durations not
 // negative, and the first step after the start.
 func (s *TrainerStartup) Valid() bool {
-	return s != nil && s.StartedAt > 0 && s.FirstStepAt >= s.StartedAt && s.WeightsSeconds >= 0 && s.DataSeconds >= 0
+	return s != nil && s.StartedAt > 0 && s.FirstStepAt >= s.StartedAt && s.WeightsSeconds >= 0 && s.DataSeconds >= 0 && s.StageSeconds >= 0
 }
 
 // readResult parses result.json: one JSON object per line. A torn last line

@@ -499,6 +499,9 @@ func TrainerArgs(s *spec.JobSpec, run Run) []string {
 	if m := run.Model; m != nil {
 		args = append(args, "--staged-model", m.URI, "--model-revision", m.Commit,
 			"--stage-model", btoa(!m.Staged && m.StagedBy == run.ID))
+	} else if s.Model.Revision != "" {
+		// Not staged: the workers load this revision from the Hub.
+		args = append(args, "--model-revision", s.Model.Revision)
 	}
 	return args
 }

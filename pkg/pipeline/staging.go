@@ -22,7 +22,11 @@ type StagingLease struct {
 	Since  time.Time `json:"since"`
 }
 
-func stagingLeaseName(repo, commit string) string { return "staging/" + repo + "/" + commit + ".json" }
+// stagingLeaseName is the lease of a staged folder: named after the whole
+// folder, so a new staging root gets leases of its own.
+func stagingLeaseName(loc weights.Location) string {
+	return "staging/" + loc.Bucket + "/" + loc.Prefix + ".json"
+}
 
 // markerLimit bounds the staged marker read (a file list).
 const markerLimit = 4 << 20
@@ -48,34 +52,47 @@ func (d *Deps) StageModel(ctx context.Context, rec *runs.Record) (*runs.Model, e
 	if m.Revision == "" {
 		m.Revision = "main"
 	}
-	if rec.Model != nil && rec.Model.Commit != "" {
+	// A commit pinned by an earlier attempt, or asked for by the spec, is
+	// looked for in the bucket first: a staged one needs nothing of the Hub.
+	hub := weights.Hub{Endpoint: d.Config.HubEndpoint, Token: d.Config.HubToken}
+	pinned := rec.Model != nil && rec.Model.Commit != ""
+	resolved := false
+	switch {
+	case pinned:
 		m.Commit = rec.Model.Commit
-	} else {
-		hub := weights.Hub{Endpoint: d.Config.HubEndpoint, Token: d.Config.HubToken}
+	case weights.CommitRe.MatchString(m.Revision):
+		m.Commit = m.Revision
+	default:
 		rev, err := hub.Resolve(ctx, m.Repo, rec.Spec.Model.Revision)
 		if err != nil {
 			return nil, err
 		}
-		m.Commit = rev.Commit
+		m.Commit, resolved = rev.Commit, true
 	}
 	loc, err := weights.At(root, m.Repo, m.Commit)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", "RAYDROP_MODEL_STAGING", err)
 	}
 	m.URI = loc.URI()
-	b, _, err := d.Objects.Read(ctx, loc.Bucket, loc.Object(weights.MarkerName), markerLimit)
-	switch {
-	case err == nil:
-		var mk weights.Marker
-		if err := json.Unmarshal(b, &mk); err != nil {
-			return nil, fmt.Errorf("the staged marker %s%s is not one: %w", m.URI+"/", weights.MarkerName, err)
-		}
-		m.StagedBy, m.Staged = mk.StagedBy, true
-		return m, nil
-	case !errors.Is(err, checkpoints.ErrNotFound):
-		return nil, fmt.Errorf("looking for the staged model %s: %w", m.URI, err)
+	if staged, by, err := d.stagedBy(ctx, loc); err != nil || staged {
+		m.StagedBy, m.Staged = by, staged
+		return m, err
 	}
-	lease, err := gcsdoc.Update(ctx, d.StateBucket.Object(stagingLeaseName(m.Repo, m.Commit)), func(l *StagingLease, _ bool) error {
+	if !pinned {
+		// A commit the spec named is checked, as a branch was resolved. And
+		// whoever stages must be able to read the files: a gated model whose
+		// terms the token's account has not accepted lists fine, and refuses
+		// its files. A commit pinned by an earlier attempt was checked then.
+		if !resolved {
+			if _, err := hub.Resolve(ctx, m.Repo, m.Commit); err != nil {
+				return nil, err
+			}
+		}
+		if err := hub.CanRead(ctx, m.Repo, m.Commit, "config.json"); err != nil {
+			return nil, err
+		}
+	}
+	lease, err := gcsdoc.Update(ctx, d.StateBucket.Object(stagingLeaseName(loc)), func(l *StagingLease, _ bool) error {
 		if l.Holder == rec.RunID {
 			return gcsdoc.ErrNoChange
 		}
@@ -97,6 +114,23 @@ func (d *Deps) StageModel(ctx context.Context, rec *runs.Record) (*runs.Model, e
 	}
 	m.StagedBy = lease.Holder
 	return m, nil
+}
+
+// stagedBy reads the staged folder's marker: whether it is there, and the
+// run that staged it.
+func (d *Deps) stagedBy(ctx context.Context, loc weights.Location) (bool, string, error) {
+	b, _, err := d.Objects.Read(ctx, loc.Bucket, loc.Object(weights.MarkerName), markerLimit)
+	if errors.Is(err, checkpoints.ErrNotFound) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("looking for the staged model %s: %w", loc.URI(), err)
+	}
+	var mk weights.Marker
+	if err := json.Unmarshal(b, &mk); err != nil {
+		return false, "", fmt.Errorf("the staged marker %s/%s is not one: %w", loc.URI(), weights.MarkerName, err)
+	}
+	return true, mk.StagedBy, nil
 }
 
 // ended says whether run has ended (or has no record left).

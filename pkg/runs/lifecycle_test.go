@@ -368,6 +368,12 @@ func TestStartupParts(t *testing.T) {
 			StartedAt: unix(up.StartedAt.Add(12 * time.Second)), WeightsSeconds: 20, DataSeconds: 5, FirstStepAt: unix(up.StartedAt.Add(45 * time.Second))}},
 			StartupParts{Nodes: 90, Image: 30, FirstStep: f(45), Trainer: &TrainerParts{RuntimeEnv: 12, Weights: 20, Data: 5, Steps: 8}}, 165,
 			"2m45s: nodes 1m30s, image 30s, to the first step 45s (runtime env 12s, weights 20s, data 5s, first step 8s)"},
+		// The driver staged the model for 10 of those 12 s: weights, not
+		// Ray's runtime env.
+		{"the driver staged the model", Attempt{CreatedAt: t0, Startup: up, FirstReportAt: &first, TrainerStartup: &checkpoints.TrainerStartup{
+			StartedAt: unix(up.StartedAt.Add(12 * time.Second)), WeightsSeconds: 20, DataSeconds: 5, FirstStepAt: unix(up.StartedAt.Add(45 * time.Second)), StageSeconds: 10}},
+			StartupParts{Nodes: 90, Image: 30, FirstStep: f(45), Trainer: &TrainerParts{RuntimeEnv: 2, Weights: 30, Data: 5, Steps: 8}}, 165,
+			"2m45s: nodes 1m30s, image 30s, to the first step 45s (runtime env 2s, weights 30s, data 5s, first step 8s)"},
 	}
 	for _, tt := range tests {
 		p, ok := tt.a.StartupParts()

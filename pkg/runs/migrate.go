@@ -11,9 +11,9 @@ import (
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 )
 
-// StatePrefixes are the folders of the pipeline's state: run records and
-// cluster leases.
-var StatePrefixes = []string{Prefix, "clusters/", "sweeps/"}
+// StatePrefixes are the folders of the pipeline's state: run records,
+// cluster leases, sweeps, and the model staging leases.
+var StatePrefixes = []string{Prefix, "clusters/", "sweeps/", "staging/"}
 
 // MigrateState copies the state objects (StatePrefixes) of a deployment
 // made before the state bucket existed from its intake bucket to the state

@@ -160,8 +160,9 @@ type StartupParts struct {
 // TrainerParts are the seconds from the workers' containers' start to the
 // end of the trainer's first optimizer step: RuntimeEnv until its train
 // function began (Ray's runtime env, the worker processes), Weights
-// getting and loading the base model, Data the processor and rows, Steps
-// the rest (the model's adapters, the first step).
+// getting and loading the base model (its staging by the driver included),
+// Data the processor and rows, Steps the rest (the model's adapters, the
+// first step).
 type TrainerParts struct {
 	RuntimeEnv, Weights, Data, Steps float64
 }
@@ -191,7 +192,11 @@ func (a *Attempt) StartupParts() (p StartupParts, ok bool) {
 	}
 	if su := a.TrainerStartup; su.Valid() {
 		unix := func(t float64) time.Time { return time.Unix(0, int64(t*1e9)) }
-		t := &TrainerParts{RuntimeEnv: max(unix(su.StartedAt).Sub(up).Seconds(), 0), Weights: su.WeightsSeconds, Data: su.DataSeconds}
+		// The driver's staging of the model came before the train function
+		// began: it counts as weights, not as Ray's runtime env.
+		before := max(unix(su.StartedAt).Sub(up).Seconds(), 0)
+		stage := min(su.StageSeconds, before)
+		t := &TrainerParts{RuntimeEnv: before - stage, Weights: stage + su.WeightsSeconds, Data: su.DataSeconds}
 		t.Steps = max(unix(su.FirstStepAt).Sub(up).Seconds()-t.RuntimeEnv-t.Weights-t.Data, 0)
 		f := t.RuntimeEnv + t.Weights + t.Data + t.Steps
 		p.FirstStep, p.Trainer = &f, t

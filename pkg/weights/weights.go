@@ -119,7 +119,7 @@ func (e *HubError) Error() string {
 	case http.StatusNotFound:
 		why = "has no such model repository or revision (or it is private, and the deployment's Hub token cannot read it)"
 	case http.StatusUnauthorized, http.StatusForbidden:
-		why = "refuses the deployment's Hub token for it (a gated model whose terms the token's account has not accepted, or a private one)"
+		why = "refuses the deployment's Hub token for it (a gated model whose terms the token's account has not accepted, a private one, or no token set: HF_TOKEN)"
 	}
 	return fmt.Sprintf("model.id %q at revision %q: the Hugging Face Hub %s (HTTP %d%s)", e.Repo, e.Revision, why, e.Status, bodyNote(e.Body))
 }
@@ -148,11 +148,7 @@ func (h Hub) Resolve(ctx context.Context, repo, revision string) (Revision, erro
 	if rev == "" {
 		rev = "main"
 	}
-	endpoint := strings.TrimSuffix(h.Endpoint, "/")
-	if endpoint == "" {
-		endpoint = DefaultHubEndpoint
-	}
-	u := endpoint + "/api/models/" + repo + "/revision/" + url.PathEscape(rev)
+	u := h.endpoint() + "/api/models/" + repo + "/revision/" + url.PathEscape(rev)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return Revision{}, err
@@ -160,11 +156,7 @@ func (h Hub) Resolve(ctx context.Context, repo, revision string) (Revision, erro
 	if h.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.Token)
 	}
-	client := h.Client
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
-	}
-	resp, err := client.Do(req)
+	resp, err := h.client().Do(req)
 	if err != nil {
 		return Revision{}, fmt.Errorf("asking the Hugging Face Hub for %s@%s: %w", repo, rev, err)
 	}
@@ -193,6 +185,44 @@ func (h Hub) Resolve(ctx context.Context, repo, revision string) (Revision, erro
 		out.Files = append(out.Files, s.Name)
 	}
 	return out, nil
+}
+
+// CanRead says whether the Hub lets the token read path of repo at commit
+// (a HEAD of its resolve URL): a HubError when it refuses. A gated model
+// lists to anyone, and refuses its files to an account that has not
+// accepted its terms.
+func (h Hub) CanRead(ctx context.Context, repo, commit, path string) error {
+	u := h.endpoint() + "/" + repo + "/resolve/" + commit + "/" + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, u, nil)
+	if err != nil {
+		return err
+	}
+	if h.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+h.Token)
+	}
+	resp, err := h.client().Do(req)
+	if err != nil {
+		return fmt.Errorf("asking the Hugging Face Hub for %s@%s/%s: %w", repo, commit, path, err)
+	}
+	_ = resp.Body.Close() // a HEAD: no body
+	if resp.StatusCode >= 400 {
+		return &HubError{Repo: repo, Revision: commit, Status: resp.StatusCode, Body: resp.Header.Get("X-Error-Message")}
+	}
+	return nil
+}
+
+func (h Hub) endpoint() string {
+	if e := strings.TrimSuffix(h.Endpoint, "/"); e != "" {
+		return e
+	}
+	return DefaultHubEndpoint
+}
+
+func (h Hub) client() *http.Client {
+	if h.Client != nil {
+		return h.Client
+	}
+	return &http.Client{Timeout: 30 * time.Second}
 }
 
 // IsPermanent says whether err is the Hub's permanent refusal.

@@ -73,3 +73,27 @@ func TestAt(t *testing.T) {
 		}
 	}
 }
+
+// TestCanRead: a HEAD of a file's resolve URL, with the token; the Hub's
+// refusal is a permanent HubError carrying its reason.
+func TestCanRead(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodHead || r.URL.Path != "/google/gemma-3-4b-it/resolve/"+commit+"/config.json" {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer hf_ok" {
+			w.Header().Set("X-Error-Message", "Access to model google/gemma-3-4b-it is restricted.")
+			w.WriteHeader(http.StatusForbidden)
+		}
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	if err := (Hub{Endpoint: srv.URL, Token: "hf_ok"}).CanRead(ctx, "google/gemma-3-4b-it", commit, "config.json"); err != nil {
+		t.Errorf("an accepted token: %v", err)
+	}
+	err := (Hub{Endpoint: srv.URL, Token: "hf_no"}).CanRead(ctx, "google/gemma-3-4b-it", commit, "config.json")
+	if !IsPermanent(err) || !strings.Contains(err.Error(), "HTTP 403: Access to model google/gemma-3-4b-it is restricted.") {
+		t.Errorf("a refused token: %v", err)
+	}
+}

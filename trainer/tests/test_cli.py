@@ -71,6 +71,8 @@ def test_staged_model_flags():
     assert a.stage_model is False
     a = cli.parse_args(["--storage-path", "/s"])
     assert (a.staged_model, a.model_revision, a.stage_model) == ("", "", False)
+    # Not staged: the revision the workers load from the Hub, a branch or tag too.
+    assert cli.parse_args(["--storage-path", "/s", "--model-revision", "v2.1"]).model_revision == "v2.1"
 
 
 @pytest.mark.parametrize("argv", [
@@ -84,7 +86,7 @@ def test_staged_model_flags():
     ["--experiment-name", "a/b"],
     ["--quantization", "4bit", "--use-gpu", "false"],
     ["--warmup-ratio", "1.5"],
-    ["--model-revision", "main"],  # the commit the pipeline resolved, never a branch
+    ["--staged-model", "gs://b/m", "--model-revision", "main"],  # staged: the commit resolved, never a branch
     ["--stage-model", "true", "--model-revision", "0123456789abcdef0123456789abcdef01234567"],
     ["--stage-model", "true", "--staged-model", "gs://b/models/m/c"],
 ])

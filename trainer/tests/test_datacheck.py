@@ -171,7 +171,7 @@ def test_the_check_stages_the_model_first(tmp_path, assets, processor, monkeypat
     import weights
 
     checked = []
-    monkeypatch.setattr(datacheck, "check_model", lambda model_id: checked.append(model_id) or processor)
+    monkeypatch.setattr(datacheck, "check_model", lambda model_id, revision=None: checked.append(model_id) or processor)
     # The suite is offline (conftest.py); this test reaches the fake Hub on 127.0.0.1 only.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     folder = tiny.write_imagefolder(str(tmp_path / "d"), n=8)

@@ -165,8 +165,8 @@ def test_first_report_tells_how_the_worker_started(run_a, storage):
     _, rows = results(storage, "exp-a")
     first = rows[0].get("raydrop_startup")
     assert first is not None, rows[0]
-    assert set(first) == {"started_at", "weights_s", "data_s", "first_step_at"}, first
-    assert first["weights_s"] > 0 and first["data_s"] > 0, first
+    assert set(first) == {"started_at", "weights_s", "data_s", "first_step_at", "stage_s"}, first
+    assert first["weights_s"] > 0 and first["data_s"] > 0 and first["stage_s"] == 0, first  # nothing staged
     assert first["started_at"] + first["weights_s"] + first["data_s"] <= first["first_step_at"], first
     assert first["first_step_at"] <= rows[0]["timestamp"] + 1, (first, rows[0]["timestamp"])
     assert all("raydrop_startup" not in r for r in rows[1:])
@@ -513,3 +513,23 @@ def test_workers_share_one_node_copy_of_the_staged_model(ray_address, storage, a
     assert sorted(r["copied"] for r in fetches) == [False, True], fetches
     for rank in range(WORKERS):
         assert f"model: rank {rank} loads {dest}" in out, out[-6000:]
+    # The driver's staging is in the first report's account, apart from the workers' own time.
+    _, rows = results(storage, "exp-staged")
+    assert rows[0]["raydrop_startup"]["stage_s"] > 0, rows[0]["raydrop_startup"]
+
+
+def test_a_staging_failure_leaves_no_mark(ray_address, storage, assets, tmp_path):
+    """The Hub refuses the staging (here: it has no such repository): the driver exits 1
+    and writes no completion mark, so the pipeline treats the attempt as a job that ended
+    without one and retries it, rather than as the training code's own failure."""
+    import fakehub
+
+    uri = "file://" + str(tmp_path / "bucket" / "models" / "google" / "gone" / fakehub.COMMIT)
+    with fakehub.FakeHub.of_folder(assets["model"]) as hub:
+        proc = run_trainer(ray_address, storage, "exp-stage-fails", {**assets, "model": "google/gone"},
+                           extra=["--staged-model", uri, "--stage-model", "true", "--model-revision", fakehub.COMMIT],
+                           env_extra={"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert f"could not stage the model at {uri}" in out and "no completion mark" in out, out[-4000:]
+    assert not os.path.exists(os.path.join(storage, "exp-stage-fails", "raydrop_result.json"))

@@ -753,16 +753,19 @@ func (p *play) check(ctx context.Context, rj *rayv1.RayJob, args *trainerArgs) {
 		return
 	}
 	st := newStore(p.d.sim.o.Storage, p.d.sim.o.Project)
-	// The check's driver stages the base model first, as datacheck.py does.
-	switch err := (&trainer{p: p, a: args, st: st}).stageModel(ctx); {
-	case errors.Is(err, errStopped):
-		p.end(rayv1.JobStatusStopped, "", "")
-		return
-	case err != nil && ctx.Err() == nil:
-		p.end(rayv1.JobStatusFailed, err.Error(), "")
-		return
-	case err != nil:
-		return
+	// The check's driver stages the base model first when its run is the
+	// one that stages it, as datacheck.stage_model does; it waits for no
+	// other run's, and a copy that fails is left to the training driver.
+	if args.all["stage-model"] == "true" {
+		switch err := (&trainer{p: p, a: args, st: st}).stageModel(ctx); {
+		case errors.Is(err, errStopped):
+			p.end(rayv1.JobStatusStopped, "", "")
+			return
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Info("could not stage the model; the training attempt stages it", "err", err)
+		}
 	}
 	doc, err := standInCheck(ctx, gcsSource{st}, args.all, format)
 	if doc == nil {

@@ -236,6 +236,8 @@ type trainer struct {
 	// startup is the trainer's account of its start (checkpoints.
 	// TrainerStartup) until the first report after the first step sends it.
 	startup map[string]any
+	// stageSeconds is how long the driver staged the model (or waited).
+	stageSeconds float64
 	// driverLog is the driver's output so far (driverlog.go).
 	driverLog strings.Builder
 }
@@ -259,11 +261,19 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 
 	// The driver stages the base model (or waits for it) before Ray Train
 	// starts.
+	// A failure writes no mark when it may pass (the Hub, the bucket), as
+	// train.py: the pipeline retries the attempt; a snapshot with no weights
+	// gets a failed mark.
+	staging := time.Now()
 	if err := t.stageModel(ctx); errors.Is(err, errStopped) {
 		return rayv1.JobStatusStopped, ""
-	} else if err != nil {
+	} else if err != nil && strings.HasPrefix(err.Error(), "ValueError: ") {
 		return t.abort(ctx, err.Error(), false)
+	} else if err != nil {
+		t.logf("raydrop: could not stage the model at %s: %v; no completion mark, so the pipeline retries the attempt", t.a.all["staged-model"], err)
+		return rayv1.JobStatusFailed, err.Error()
 	}
+	t.stageSeconds = time.Since(staging).Seconds()
 	// Ray Train validates the storage path, then writes the experiment and
 	// trial metadata.
 	if err := t.st.ensureBucket(ctx, a.bucket); err != nil {
@@ -583,7 +593,8 @@ func (t *trainer) startFunction(ctx context.Context) error {
 		return err
 	}
 	data := time.Since(began) - weights
-	t.startup = map[string]any{"started_at": unixSeconds(began), "weights_s": round(weights.Seconds(), 3), "data_s": round(data.Seconds(), 3)}
+	t.startup = map[string]any{"started_at": unixSeconds(began), "weights_s": round(weights.Seconds(), 3), "data_s": round(data.Seconds(), 3),
+		"stage_s": round(t.stageSeconds, 3)}
 	return nil
 }
 

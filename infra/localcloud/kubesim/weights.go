@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,9 +60,13 @@ func (t *trainer) stageModel(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("huggingface_hub.errors.HfHubHTTPError: %w", err)
 	}
+	files := modelFiles(rev.Files)
+	if !slices.ContainsFunc(files, func(f string) bool { return strings.HasSuffix(f, ".safetensors") || strings.HasSuffix(f, ".bin") }) {
+		return fmt.Errorf("ValueError: %s@%s has no .safetensors or .bin weights at its root (files staged from it: %v); from_pretrained could not load a copy of it", t.a.modelID, commit, files)
+	}
 	mk := weights.Marker{Repo: t.a.modelID, Commit: commit, StagedBy: t.a.runID}
 	var done int64
-	for i, name := range rev.Files {
+	for i, name := range files {
 		beat := mustJSON(map[string]any{"run": t.a.runID, "at": time.Now().UTC().Format(time.RFC3339Nano), "files": i, "bytes": done})
 		if err := t.st.put(ctx, bucket, prefix+"/"+weights.HeartbeatName, beat); err != nil {
 			return fmt.Errorf("OSError: %w", err)
@@ -108,6 +113,27 @@ func (t *trainer) awaitStaged(ctx context.Context, bucket, prefix, uri string) (
 			return false, err
 		}
 	}
+}
+
+// modelFiles are the files staged of a repository's (weights.model_files):
+// those at its root with a suffix from_pretrained reads, and .bin weights
+// only where there are no .safetensors.
+func modelFiles(all []string) []string {
+	suffixes := []string{".json", ".safetensors", ".model", ".txt", ".jinja", ".tiktoken"}
+	if !slices.ContainsFunc(all, func(f string) bool { return !strings.Contains(f, "/") && strings.HasSuffix(f, ".safetensors") }) {
+		suffixes = append(suffixes, ".bin")
+	}
+	var out []string
+	for _, f := range all {
+		if strings.Contains(f, "/") || strings.HasPrefix(f, "raydrop-") {
+			continue
+		}
+		if slices.ContainsFunc(suffixes, func(s string) bool { return strings.HasSuffix(f, s) }) {
+			out = append(out, f)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // hubFile is one file of repo at commit, from the Hub's resolve URL.
