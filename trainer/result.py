@@ -13,6 +13,7 @@ import json
 import os
 import posixpath
 import re
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 RESULT_FILE = "raydrop_result.json"
@@ -205,18 +206,25 @@ def write(storage_path: str, experiment_name: str, doc: Dict[str, Any]) -> str:
     fs, base = filesystem(storage_path)
     directory = posixpath.join(base, experiment_name)
     fs.create_dir(directory, recursive=True)
-    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    target = posixpath.join(directory, RESULT_FILE)
-    if is_uri(storage_path):
-        # An object store publishes an object only once it is fully written.
-        with fs.open_output_stream(target) as f:
-            f.write(data)
-    else:
-        tmp = target + ".tmp"
-        with fs.open_output_stream(tmp) as f:
-            f.write(data)
-        fs.move(tmp, target)
+    put_json(fs, posixpath.join(directory, RESULT_FILE), doc)
     return join(storage_path, experiment_name, RESULT_FILE)
+
+
+def put_json(fs, path: str, doc: Dict[str, Any]) -> None:
+    """Write doc at path whole, so that no reader sees half of it: an object store
+    publishes an object only once it is fully written; a local file is written beside
+    and renamed (the name is the writer's own, so concurrent writers never share one)."""
+    import pyarrow.fs
+
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    if not isinstance(fs, pyarrow.fs.LocalFileSystem):
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with fs.open_output_stream(tmp) as f:
+        f.write(data)
+    fs.move(tmp, path)
 
 
 def announce(notice: str, mark: str) -> None:

@@ -94,21 +94,6 @@ def _read_json(fs, path: str) -> Optional[Dict[str, Any]]:
     return None if raw is None else json.loads(raw.decode("utf-8"))
 
 
-def _write_json(fs, path: str, doc: Dict[str, Any]) -> None:
-    """Write doc whole: an object store publishes an object once it is written; a local
-    file is written beside and renamed, so a reader never sees half of it."""
-    import pyarrow.fs
-
-    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
-    target = path
-    if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        target = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with fs.open_output_stream(target) as f:
-        f.write(data)
-    if target != path:
-        fs.move(target, path)
-
-
 def model_files(entries: Sequence[Tuple[str, str, int]]) -> List[Tuple[str, int]]:
     """The (path, size) of the files to stage, sorted, out of a repository root's listing
     of (path, "file" or "directory", size); see the module's doc for the rule."""
@@ -246,14 +231,14 @@ def stage(model_id: str, commit: str, uri: str, run_id: str, log: Log,
         fs.create_dir(base, recursive=True)
     beat_path = posixpath.join(base, HEARTBEAT)
     progress = _Progress(f"staging {uri}", len(files), total, log,
-                         beat=lambda doc: _write_json(fs, beat_path, {"run": run_id, **doc}))
+                         beat=lambda doc: result.put_json(fs, beat_path, {"run": run_id, **doc}))
     with progress:
         _each(files, lambda f: _hub_to_bucket(hub, root, f[0], f[1], fs, base, progress))
     marker = {
         "repo": model_id, "commit": commit, "files": [{"path": p, "size": n} for p, n in files],
         "stagedBy": run_id, "stagedAt": _now(), "seconds": round(progress.seconds(), 3),
     }
-    _write_json(fs, marker_path, marker)
+    result.put_json(fs, marker_path, marker)
     log(f"model: staged {progress.summary()}; wrote {MARKER}")
     return marker
 

@@ -124,9 +124,10 @@ type Images struct {
 // from the attempt's RayJob until the last worker pod was bound to a node
 // (waiting for GKE to create or find GPU nodes), then until the last one's
 // containers started (pulling the image and creating the container), then,
-// once the trainer has reported, until its first report (Ray's runtime
-// env, the weights, the data and the steps before the first logged one).
-// Workers kept from an earlier attempt or run count nothing.
+// once the trainer has reported, until the end of its first optimizer step
+// (to its first report when it gave no account of its start), split by the
+// trainer's own account into Ray's runtime env, the weights, the data and
+// the rest. Workers kept from an earlier attempt or run count nothing.
 type Startup struct {
 	NodesSeconds     float64  `json:"nodesSeconds"`
 	ImageSeconds     float64  `json:"imageSeconds"`

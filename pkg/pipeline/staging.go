@@ -56,18 +56,18 @@ func (d *Deps) StageModel(ctx context.Context, rec *runs.Record) (*runs.Model, e
 	// looked for in the bucket first: a staged one needs nothing of the Hub.
 	hub := weights.Hub{Endpoint: d.Config.HubEndpoint, Token: d.Config.HubToken}
 	pinned := rec.Model != nil && rec.Model.Commit != ""
-	resolved := false
+	named := weights.CommitRe.MatchString(m.Revision) // the spec names a commit
 	switch {
 	case pinned:
 		m.Commit = rec.Model.Commit
-	case weights.CommitRe.MatchString(m.Revision):
+	case named:
 		m.Commit = m.Revision
 	default:
 		rev, err := hub.Resolve(ctx, m.Repo, rec.Spec.Model.Revision)
 		if err != nil {
 			return nil, err
 		}
-		m.Commit, resolved = rev.Commit, true
+		m.Commit = rev.Commit
 	}
 	loc, err := weights.At(root, m.Repo, m.Commit)
 	if err != nil {
@@ -83,7 +83,7 @@ func (d *Deps) StageModel(ctx context.Context, rec *runs.Record) (*runs.Model, e
 		// whoever stages must be able to read the files: a gated model whose
 		// terms the token's account has not accepted lists fine, and refuses
 		// its files. A commit pinned by an earlier attempt was checked then.
-		if !resolved {
+		if named {
 			if _, err := hub.Resolve(ctx, m.Repo, m.Commit); err != nil {
 				return nil, err
 			}

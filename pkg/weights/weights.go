@@ -148,25 +148,9 @@ func (h Hub) Resolve(ctx context.Context, repo, revision string) (Revision, erro
 	if rev == "" {
 		rev = "main"
 	}
-	u := h.endpoint() + "/api/models/" + repo + "/revision/" + url.PathEscape(rev)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	body, err := h.get(ctx, http.MethodGet, "/api/models/"+repo+"/revision/"+url.PathEscape(rev), repo, rev, 8<<20)
 	if err != nil {
 		return Revision{}, err
-	}
-	if h.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+h.Token)
-	}
-	resp, err := h.client().Do(req)
-	if err != nil {
-		return Revision{}, fmt.Errorf("asking the Hugging Face Hub for %s@%s: %w", repo, rev, err)
-	}
-	defer func() { _ = resp.Body.Close() }() // read-only: nothing to lose
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return Revision{}, fmt.Errorf("reading the Hugging Face Hub's answer for %s@%s: %w", repo, rev, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Revision{}, &HubError{Repo: repo, Revision: rev, Status: resp.StatusCode, Body: string(body)}
 	}
 	var info struct {
 		SHA      string `json:"sha"`
@@ -192,23 +176,44 @@ func (h Hub) Resolve(ctx context.Context, repo, revision string) (Revision, erro
 // lists to anyone, and refuses its files to an account that has not
 // accepted its terms.
 func (h Hub) CanRead(ctx context.Context, repo, commit, path string) error {
-	u := h.endpoint() + "/" + repo + "/resolve/" + commit + "/" + path
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, u, nil)
+	_, err := h.get(ctx, http.MethodHead, "/"+repo+"/resolve/"+commit+"/"+path, repo, commit, 0)
+	return err
+}
+
+// File is path of repo at commit, read whole (up to limit bytes): for small
+// files; the trainer streams the weights themselves.
+func (h Hub) File(ctx context.Context, repo, commit, path string, limit int64) ([]byte, error) {
+	return h.get(ctx, http.MethodGet, "/"+repo+"/resolve/"+commit+"/"+path, repo, commit, limit)
+}
+
+// get sends method to path on the Hub with the token and returns the body
+// (up to limit bytes); an answer other than 2xx is a HubError about repo
+// at rev, carrying the body or the Hub's X-Error-Message.
+func (h Hub) get(ctx context.Context, method, path, repo, rev string, limit int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, h.endpoint()+path, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if h.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+h.Token)
 	}
 	resp, err := h.client().Do(req)
 	if err != nil {
-		return fmt.Errorf("asking the Hugging Face Hub for %s@%s/%s: %w", repo, commit, path, err)
+		return nil, fmt.Errorf("asking the Hugging Face Hub for %s@%s: %w", repo, rev, err)
 	}
-	_ = resp.Body.Close() // a HEAD: no body
-	if resp.StatusCode >= 400 {
-		return &HubError{Repo: repo, Revision: commit, Status: resp.StatusCode, Body: resp.Header.Get("X-Error-Message")}
+	defer func() { _ = resp.Body.Close() }() // read-only: nothing to lose
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("reading the Hugging Face Hub's answer for %s@%s: %w", repo, rev, err)
 	}
-	return nil
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		why := string(body)
+		if msg := resp.Header.Get("X-Error-Message"); msg != "" {
+			why = msg
+		}
+		return nil, &HubError{Repo: repo, Revision: rev, Status: resp.StatusCode, Body: why}
+	}
+	return body, nil
 }
 
 func (h Hub) endpoint() string {

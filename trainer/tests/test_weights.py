@@ -74,14 +74,14 @@ def test_model_files_are_what_from_pretrained_reads():
 def test_stage_copies_every_model_file_and_writes_the_marker_last(hub, assets, tmp_path, monkeypatch):
     uri = str(tmp_path / "bucket" / "models" / REPO / COMMIT)
     there_at_marker = {}
-    write_json = weights._write_json
+    write_json = weights.result.put_json
 
     def spy(fs, path, doc):
         if path.endswith("/" + weights.MARKER):
             there_at_marker.update(model_sizes(uri))
         write_json(fs, path, doc)
 
-    monkeypatch.setattr(weights, "_write_json", spy)
+    monkeypatch.setattr(weights.result, "put_json", spy)
     lines = []
     marker = weights.stage(REPO, COMMIT, uri, "run-1", lines.append, endpoint=hub.url)
 
@@ -133,7 +133,7 @@ def test_stage_beats_and_logs_while_it_copies(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(weights, "BEAT_S", 0.05)
     monkeypatch.setattr(weights, "LOG_S", 0.0)
     beats = []
-    write_json, copy = weights._write_json, weights._hub_to_bucket
+    write_json, copy = weights.result.put_json, weights._hub_to_bucket
 
     def spy(fs, path, doc):
         if path.endswith("/" + weights.HEARTBEAT):
@@ -144,7 +144,7 @@ def test_stage_beats_and_logs_while_it_copies(hub, tmp_path, monkeypatch):
         time.sleep(0.2)
         copy(*args)
 
-    monkeypatch.setattr(weights, "_write_json", spy)
+    monkeypatch.setattr(weights.result, "put_json", spy)
     monkeypatch.setattr(weights, "_hub_to_bucket", slow_copy)
     lines = []
     weights.stage(REPO, COMMIT, uri, "run-1", lines.append, endpoint=hub.url)
@@ -163,7 +163,7 @@ def test_stage_refuses_a_revision_without_weights(hub, tmp_path):
 
 
 def _put(folder, name, doc):
-    weights._write_json(pyarrow.fs.LocalFileSystem(), os.path.join(folder, name), doc)
+    weights.result.put_json(pyarrow.fs.LocalFileSystem(), os.path.join(folder, name), doc)
 
 
 def test_await_returns_once_the_marker_appears(tmp_path):

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -71,7 +69,7 @@ func (t *trainer) stageModel(ctx context.Context) error {
 		if err := t.st.put(ctx, bucket, prefix+"/"+weights.HeartbeatName, beat); err != nil {
 			return fmt.Errorf("OSError: %w", err)
 		}
-		body, err := hubFile(ctx, endpoint, t.a.modelID, commit, name)
+		body, err := (weights.Hub{Endpoint: endpoint}).File(ctx, t.a.modelID, commit, name, 1<<30)
 		if err != nil {
 			return fmt.Errorf("huggingface_hub.errors.HfHubHTTPError: %w", err)
 		}
@@ -134,22 +132,4 @@ func modelFiles(all []string) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// hubFile is one file of repo at commit, from the Hub's resolve URL.
-func hubFile(ctx context.Context, endpoint, repo, commit, path string) ([]byte, error) {
-	u := strings.TrimSuffix(endpoint, "/") + "/" + repo + "/resolve/" + commit + "/" + path
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%d %s for url: %s", resp.StatusCode, http.StatusText(resp.StatusCode), u)
-	}
-	return io.ReadAll(resp.Body)
 }
