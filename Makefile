@@ -56,7 +56,7 @@ dev: tools ## Start the local cloud and keep it up (prints the variables that po
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
 # parts that keep the CPUs busy. TEST_LANES="lint go-test ..." runs one lane.
-TEST_LANES ?= "cpu go-test trainer-contract" "localcloud lint infra-check trainer-unit localcloud-test"
+TEST_LANES ?= "cpu go-test bench-smoke trainer-contract" "localcloud lint infra-check trainer-unit localcloud-test"
 
 .PHONY: test
 test: tools $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
@@ -123,12 +123,20 @@ fmt: $(GOLANGCI) ## Format the Go code
 	$(GOLANGCI) fmt ./...
 
 BENCH_FLAGS ?=
+BENCH_ENV = RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python RAYDROP_GEMMA3_TOKENIZER=$(GEMMA3_TOKENIZER)
 
 .PHONY: bench
-bench: tools ## Benchmarks that print figures: Go micro-benchmarks, then the control plane on the local cloud (JSON in .build/bench.json)
+bench: tools trainer-venv gemma3-tokenizer ## Benchmarks that print figures, each beside the one docs/benchmarks.md quotes: Go micro-benchmarks, then the control plane and the data check on the local cloud (JSON in .build/bench.json)
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/...
-	cd infra/localcloud && $(GO) run ./cmd/bench -json $(CURDIR)/.build/bench.json $(BENCH_FLAGS)
-	$(MAKE) --no-print-directory datacheck-bench
+	cd infra/localcloud && $(BENCH_ENV) $(GO) run ./cmd/bench -json $(CURDIR)/.build/bench.json $(BENCH_FLAGS)
+
+.PHONY: bench-smoke
+bench-smoke: tools trainer-venv gemma3-tokenizer ## Every section of the local cloud's benchmark, small: fails when a section breaks or produces no figure (asserts no timing)
+	cd infra/localcloud && $(BENCH_ENV) $(GO) run ./cmd/bench -smoke -json $(CURDIR)/.build/bench-smoke.json
+
+.PHONY: bench-docs
+bench-docs: ## Make the last full make bench (.build/bench.json) the figures docs/benchmarks.md quotes (docs/benchmarks.json and its table)
+	cd infra/localcloud && $(GO) run ./cmd/bench -update-docs $(CURDIR)/.build/bench.json
 
 .PHONY: schema
 schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)

@@ -28,7 +28,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/events"
-	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -36,7 +35,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/pipeline/pipelinetest"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
-	"github.com/raydrop/raydrop/pkg/sweeps"
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
 
@@ -99,17 +97,14 @@ func newWorld(t *testing.T) *world {
 	w.ray = rayfake.NewSimpleClientset()
 	w.kube = kubefake.NewSimpleClientset()
 	clock := func() time.Time { return w.now }
-	b := w.gcs.Bucket(cfg.StateBucket)
-	w.deps = &pipeline.Deps{
-		Config: cfg, Runs: &runs.Store{Bucket: b, Clock: clock}, Sweeps: &sweeps.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.gcs},
-		Publisher: w, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.ray, Kube: w.kube.CoreV1(),
-		Clock: clock,
-	}
 	out := io.Discard
 	if testing.Verbose() {
 		out = os.Stderr
 	}
-	w.deps.Log = slog.New(&failOnSweepError{Handler: slog.NewTextHandler(out, nil), t: t, onlyPermanent: &w.faulty})
+	w.deps = pipeline.Assemble(cfg, pipeline.Clients{
+		GCS: w.gcs, Publisher: w, Ray: w.ray, Kube: w.kube.CoreV1(), Clock: clock,
+		Log: slog.New(&failOnSweepError{Handler: slog.NewTextHandler(out, nil), t: t, onlyPermanent: &w.faulty}),
+	})
 	return w
 }
 

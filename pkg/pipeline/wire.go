@@ -69,20 +69,44 @@ func NewDeps(ctx context.Context) (*Deps, error) {
 	if err != nil {
 		return nil, err
 	}
-	bucket := gcs.Bucket(cfg.StateBucket)
+	return Assemble(cfg, Clients{
+		GCS: gcs, Publisher: &gcp.PubSub{Client: ps}, Bus: bus, Ray: ray, Kube: kube, Log: log,
+	}), nil
+}
+
+// Clients are what the dependencies are built over: the services' clients,
+// the logger and the clock.
+type Clients struct {
+	GCS       *storage.Client
+	Publisher Publisher
+	Bus       Bus // nil: no message bus
+	Ray       rayclient.Interface
+	Kube      corev1client.CoreV1Interface
+	Log       *slog.Logger
+	Clock     runs.Clock // nil: the system clock
+}
+
+// Assemble builds the dependencies over c: every store on the state bucket,
+// sharing one clock. It is the one place the dependencies are put together:
+// the deployed functions (NewDeps), the local cloud's benchmark and the
+// handler tables all build them here, so a dependency cannot be missing in
+// one of them only.
+func Assemble(cfg config.Config, c Clients) *Deps {
+	bucket := c.GCS.Bucket(cfg.StateBucket)
 	return &Deps{
 		Config:      cfg,
-		Runs:        &runs.Store{Bucket: bucket},
-		Sweeps:      &sweeps.Store{Bucket: bucket},
-		Objects:     &gcp.GCS{Client: gcs},
-		Publisher:   &gcp.PubSub{Client: ps},
-		Bus:         bus,
+		Runs:        &runs.Store{Bucket: bucket, Clock: c.Clock},
+		Sweeps:      &sweeps.Store{Bucket: bucket, Clock: c.Clock},
+		Objects:     &gcp.GCS{Client: c.GCS},
+		Publisher:   c.Publisher,
+		Bus:         c.Bus,
 		StateBucket: bucket,
-		Leases:      &Leases{Bucket: bucket},
-		Ray:         ray,
-		Kube:        kube,
-		Log:         log,
-	}, nil
+		Leases:      &Leases{Bucket: bucket, Clock: c.Clock},
+		Ray:         c.Ray,
+		Kube:        c.Kube,
+		Log:         c.Log,
+		Clock:       c.Clock,
+	}
 }
 
 // newBus is the message bus's publisher; nil when the deployment names no

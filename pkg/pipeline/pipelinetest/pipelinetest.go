@@ -29,7 +29,6 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/config"
-	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/gcsdoc"
 	"github.com/raydrop/raydrop/pkg/gcstest"
 	"github.com/raydrop/raydrop/pkg/manifests"
@@ -37,7 +36,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
-	"github.com/raydrop/raydrop/pkg/sweeps"
 )
 
 // The world's buckets.
@@ -100,17 +98,16 @@ func New(t testing.TB) *World {
 		t.Fatal(err)
 	}
 	clock := runs.Clock(func() time.Time { return w.Now })
-	b := w.GCS.Bucket(State)
-	w.Runs = &Faulty{Runs: &runs.Store{Bucket: b, Clock: clock}}
 	out := io.Discard
 	if testing.Verbose() {
 		out = os.Stderr
 	}
-	w.Deps = &pipeline.Deps{
-		Config: cfg, Runs: w.Runs, Sweeps: &sweeps.Store{Bucket: b, Clock: clock}, Objects: &gcp.GCS{Client: w.GCS}, Publisher: w,
-		StateBucket: b, Leases: &pipeline.Leases{Bucket: b, Clock: clock}, Ray: w.Ray, Kube: w.Kube.CoreV1(),
+	w.Deps = pipeline.Assemble(cfg, pipeline.Clients{
+		GCS: w.GCS, Publisher: w, Ray: w.Ray, Kube: w.Kube.CoreV1(),
 		Log: slog.New(slog.NewTextHandler(out, nil)), Clock: clock,
-	}
+	})
+	w.Runs = &Faulty{Runs: w.Deps.Runs}
+	w.Deps.Runs = w.Runs
 	return w
 }
 

@@ -1,8 +1,9 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/storage"
+	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	rayclient "github.com/ray-project/kuberay/ray-operator/pkg/client/clientset/versioned"
 	"google.golang.org/api/option"
@@ -18,7 +20,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/raydrop/raydrop/functions/monitor"
+	"github.com/raydrop/raydrop/functions"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/config"
@@ -80,12 +82,17 @@ func (b *bench) sweep(n int) error {
 	if err != nil {
 		return err
 	}
-	store := &runs.Store{Bucket: gcs.Bucket(bucket)}
-	deps := &pipeline.Deps{
-		Config: conf, Runs: store, Objects: &gcp.GCS{Client: gcs}, Publisher: &gcp.PubSub{Client: b.st.PS},
-		Leases: &pipeline.Leases{Bucket: gcs.Bucket(bucket)}, Ray: ray, Kube: kube,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	// The monitor as deployed: its dependencies from pipeline.Assemble and
+	// its handler from the functions' table, sent the scheduler's tick.
+	// The sweep logs what it could not do and goes on (the next tick tries
+	// again): every warning it logs fails the section.
+	logs := &warnings{}
+	deps := pipeline.Assemble(conf, pipeline.Clients{
+		GCS: gcs, Publisher: &gcp.PubSub{Client: b.st.PS}, Ray: ray, Kube: kube, Log: slog.New(logs),
+	})
+	store := deps.Runs.(*runs.Store)
+	monitor := functions.Handlers["monitor"](deps)
+	tick := tickEvent(conf.Topics.Ticks)
 	data, err := probe.Spec(b.spec, "sweep", output, nil)
 	if err != nil {
 		return err
@@ -116,15 +123,17 @@ func (b *bench) sweep(n int) error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: seeded in %.1f s\n", time.Since(t0).Seconds())
 
-	h := &monitor.Handler{Deps: deps}
 	var times []float64
 	var kubeCounts, gcsCounts []float64
 	for range 3 {
 		kubeReqs.Store(0)
 		b.st.GCSProxy.Reset()
 		t := time.Now()
-		if err := h.Sweep(ctx); err != nil {
+		if err := monitor.Handle(ctx, tick); err != nil {
 			return err
+		}
+		if w := logs.take(); len(w) > 0 {
+			return fmt.Errorf("the sweep logged %d warnings, the first: %s", len(w), w[0])
 		}
 		times = append(times, time.Since(t).Seconds())
 		kubeCounts = append(kubeCounts, float64(kubeReqs.Load()))
@@ -138,7 +147,9 @@ func (b *bench) sweep(n int) error {
 	}
 	note := fmt.Sprintf("%d RUNNING runs; median of 3 sweeps (%s s, %s s, %s s)", n, trim(times[0]), trim(times[1]), trim(times[2]))
 	b.add("sweep", "sweep time", median(times), "s", 2, note)
-	b.add("sweep", "Kubernetes requests per sweep", median(kubeCounts), "requests", 3, note)
+	// One LIST per kind of object, however many runs: RayJobs, RayClusters,
+	// worker pods, and the events that say a node was lost.
+	b.add("sweep", "Kubernetes requests per sweep", median(kubeCounts), "requests", 4, note)
 	b.add("sweep", "Cloud Storage operations per sweep", median(gcsCounts), "ops", -1, note)
 
 	// Leave nothing behind for the sections after.
@@ -179,4 +190,47 @@ func seedRun(b *bench, ray rayclient.Interface, store *runs.Store, base *spec.Jo
 		}
 	}
 	return store.Create(ctx, rec)
+}
+
+// tickEvent is the scheduler's tick as Eventarc delivers it: a Pub/Sub
+// message published on the ticks topic.
+func tickEvent(topic string) event.Event {
+	e := event.New()
+	e.SetID("bench-tick")
+	e.SetType(pipeline.PubSubPublished)
+	e.SetSource("//pubsub.googleapis.com/projects/" + stack.Project + "/topics/" + topic)
+	data, _ := json.Marshal(map[string]any{"message": map[string]any{"data": []byte("{}"), "messageId": "bench-tick"}, "subscription": "projects/" + stack.Project + "/subscriptions/bench"})
+	_ = e.SetData(event.ApplicationJSON, data)
+	return e
+}
+
+// warnings is a log handler that keeps the messages of warnings and errors.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler           { return w }
+func (w *warnings) WithGroup(string) slog.Handler                { return w }
+
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		msg += " " + a.String()
+		return true
+	})
+	w.mu.Lock()
+	w.msgs = append(w.msgs, msg)
+	w.mu.Unlock()
+	return nil
+}
+
+// take returns the messages kept since the last take.
+func (w *warnings) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := w.msgs
+	w.msgs = nil
+	return m
 }
