@@ -49,8 +49,13 @@ def test_a_failed_copy_is_reported_and_retried(tmp_path, capfd):
 
     keeper._fs = Refusing()
     os.write(1, b"kept later\n")
-    time.sleep(0.2)
-    assert "403 Forbidden" in keeper.copy()
+    # The pumps copy the pipe asynchronously: a copy tries (and fails) once
+    # the line has reached the local log.
+    deadline, refused = time.time() + 5, None
+    while refused is None and time.time() < deadline:
+        refused = keeper.copy()
+        time.sleep(0.05)
+    assert refused is not None and "403 Forbidden" in refused, refused
     keeper._fs = real
     keeper.close()
     assert (tmp_path / "attempt-1" / driverlog.LOG_FILE).read_text() == "kept later\n"

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/names"
@@ -168,8 +169,12 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 		t.Errorf("%d Ray jobs staged %s, want the data check alone", staged, model)
 	}
 	// The workers came up only after the check: KubeRay created them then.
-	if n := createdWorkerPods(t, "e2e-checked"); n == 0 {
-		t.Error("KubeRay recorded no worker pod for the run that trained")
+	// Its event recorder writes events from a goroutine of its own, so the
+	// event is waited for.
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return createdWorkerPods(t, "e2e-checked") > 0, nil
+	}); err != nil {
+		t.Errorf("KubeRay recorded no worker pod for the run that trained: %v", err)
 	}
 	waitNoWorkers(t, "e2e-checked")
 }

@@ -574,25 +574,32 @@ func TestImagePull(t *testing.T) {
 			t.Errorf("pod %s: containers started %v after it was bound, want about 2s", p.Name, pull)
 		}
 		// The kubelet's events tell the same story (kubectl describe pod).
-		evs := &corev1.EventList{}
-		if err := k8s.List(context.Background(), evs, client.InNamespace("default")); err != nil {
-			t.Fatal(err)
-		}
+		// A kubelet orders nothing between its status updates and its
+		// events, so they are waited for, not read once.
 		var reasons []string
-		for _, e := range evs.Items {
-			if e.InvolvedObject.Name != p.Name {
-				continue
+		want := []string{"Pulling", "Scheduled", "Pulled", "Created", "Started"}
+		waitFor(t, "pod "+p.Name+"'s kubelet events", 20*time.Second, func() (bool, error) {
+			evs := &corev1.EventList{}
+			if err := k8s.List(context.Background(), evs, client.InNamespace("default")); err != nil {
+				return false, err
 			}
-			reasons = append(reasons, e.Reason)
-			if e.Reason == "Pulled" && !strings.Contains(e.Message, "Successfully pulled image") {
-				t.Errorf("pod %s: Pulled says %q", p.Name, e.Message)
+			reasons = reasons[:0]
+			for _, e := range evs.Items {
+				if e.InvolvedObject.Name != p.Name {
+					continue
+				}
+				reasons = append(reasons, e.Reason)
+				if e.Reason == "Pulled" && !strings.Contains(e.Message, "Successfully pulled image") {
+					return false, fmt.Errorf("pod %s: Pulled says %q", p.Name, e.Message)
+				}
 			}
-		}
-		for _, want := range []string{"Pulling", "Scheduled", "Pulled", "Created", "Started"} {
-			if !slices.Contains(reasons, want) {
-				t.Errorf("pod %s: events %v, no %s", p.Name, reasons, want)
+			for _, r := range want {
+				if !slices.Contains(reasons, r) {
+					return false, fmt.Errorf("pod %s: events %v, no %s", p.Name, reasons, r)
+				}
 			}
-		}
+			return true, nil
+		})
 	}
 	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusComplete, 40*time.Second)
 }
