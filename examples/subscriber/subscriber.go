@@ -7,8 +7,10 @@
 // It is triggered by Eventarc from the raydrop-events Pub/Sub topic, so each
 // raydrop CloudEvent arrives wrapped in a google.cloud.pubsub.topic.v1.messagePublished
 // event (Unwrap); it also takes a raydrop event delivered as is, as an
-// Eventarc Advanced bus delivers it. Every event other than
-// dev.raydrop.run.v1.succeeded is acknowledged and ignored.
+// Eventarc Advanced bus delivers it. When a run's report is ready
+// (dev.raydrop.run.v1.report_ready, after the run's terminal event) it logs
+// where the report is (report_ready), for people to follow from the logs.
+// Every other event is acknowledged and ignored.
 //
 // Promotion is idempotent and ordered (Handler.Promote): a redelivered event
 // writes nothing, an older run's event never replaces a newer run's files,
@@ -42,8 +44,12 @@ const EntryPoint = "PromoteAdapter"
 // message.
 const PubSubPublished = "google.cloud.pubsub.topic.v1.messagePublished"
 
-// Succeeded is the type of the only event the subscriber acts on.
+// Succeeded is the type of the event whose run the subscriber promotes.
 var Succeeded = events.Type(runs.Succeeded.Event())
+
+// ReportReady is the type of the event that announces a run's report,
+// which the subscriber logs.
+var ReportReady = events.Type(events.ReportReady)
 
 // Handler promotes the adapters of succeeded runs.
 type Handler struct {
@@ -68,6 +74,9 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if err != nil {
 		return h.boundary(e, "", err)
 	}
+	if ev.Type() == ReportReady {
+		return h.reportReady(ev)
+	}
 	if ev.Type() != Succeeded {
 		h.Log.Info("event_ignored", "event_id", ev.ID(), "type", ev.Type(), "subject", ev.Subject())
 		return nil
@@ -89,6 +98,20 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	case Superseded:
 		h.Log.Info("older_run_ignored", append(attrs, "current_run_id", res.Current)...)
 	}
+	return nil
+}
+
+// reportReady logs where a run's report is, once it is written: the
+// terminal event went out before it and names none.
+func (h *Handler) reportReady(ev event.Event) error {
+	var run events.Run
+	if err := ev.DataAs(&run); err != nil {
+		return h.boundary(ev, "", Permanent(fmt.Errorf("decode data of event %s: %w", ev.ID(), err)))
+	}
+	if !strings.HasPrefix(run.Report, "gs://") || run.RunID == "" {
+		return h.boundary(ev, run.RunID, Permanent(fmt.Errorf("event %s: report %q of run %q is not a gs:// URI of a run", ev.ID(), run.Report, run.RunID)))
+	}
+	h.Log.Info("report_ready", "run_id", run.RunID, "name", run.Name, "outcome", run.Outcome, "report", run.Report, "event_id", ev.ID())
 	return nil
 }
 

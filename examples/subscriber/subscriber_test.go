@@ -449,7 +449,7 @@ func TestOtherEventsAreIgnored(t *testing.T) {
 	ck := w.checkpoint("r1", 20, 0.5)
 	var cases []event.Event
 	for _, phase := range events.Phases {
-		if events.Type(phase) == Succeeded {
+		if events.Type(phase) == Succeeded || events.Type(phase) == ReportReady {
 			continue
 		}
 		run := succeeded("r1", t0, ck) // a terminal event carries checkpoints too
@@ -484,6 +484,35 @@ func TestOtherEventsAreIgnored(t *testing.T) {
 	}
 	if n := len(w.logged("event_ignored")); n != len(cases) {
 		t.Errorf("event_ignored logged %d times, want %d\n%s", n, len(cases), w.logs)
+	}
+}
+
+// TestReportReadyIsLogged: the event that announces a run's report is
+// logged with the report's address, in either delivery, and writes
+// nothing; one without a gs:// report is acknowledged as malformed.
+func TestReportReadyIsLogged(t *testing.T) {
+	w := newFakeWorld(t)
+	uri := "gs://" + checkpointBucket + "/raydrop/r1/report.html"
+	run := events.Run{RunID: "r1", Name: "colours", Source: "gs://intake/jobs/colours.json#1", Phase: events.ReportReady, Outcome: "succeeded", Report: uri}
+	e := raydropEvent(t, run)
+	w.deliver(published(t, e))
+	w.deliver(e)
+	run.Report = ""
+	w.deliver(raydropEvent(t, run))
+	if objs := w.objects(); len(objs) != 0 {
+		t.Errorf("report events wrote %v", slices.Collect(maps.Keys(objs)))
+	}
+	lines := w.logged("report_ready")
+	if len(lines) != 2 {
+		t.Fatalf("report_ready logged %d times, want 2\n%s", len(lines), w.logs)
+	}
+	for _, l := range lines {
+		if l["report"] != uri || l["run_id"] != "r1" || l["outcome"] != "succeeded" {
+			t.Errorf("report_ready line %v", l)
+		}
+	}
+	if n := len(w.logged("event_dropped")); n != 1 {
+		t.Errorf("event_dropped logged %d times for the event without a report, want 1\n%s", n, w.logs)
 	}
 }
 

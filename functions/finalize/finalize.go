@@ -1,8 +1,10 @@
 // Package finalize is the Finalize function: on a finished message it
 // discovers every checkpoint the run wrote (Ray Train's layout in the
 // bucket), writes the terminal record, hands the cluster to the next queued
-// run or scales its workers to zero, and publishes the terminal CloudEvent.
-// Running it twice publishes nothing new.
+// run or scales its workers to zero, and publishes the terminal CloudEvent;
+// then it renders the run's report and announces it with an event of its
+// own (report_ready), so that the terminal event never waits for the
+// report. Running it twice publishes nothing new.
 package finalize
 
 import (
@@ -50,10 +52,10 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	// The cluster first: the job is over, so the next run need not wait
 	// for the results to be read. Then the record (unless an earlier
 	// delivery ended the run and died before announcing it: the sweep
-	// sends such runs here again), the events last: until the terminal
-	// event has gone out the run is listed as unannounced and comes back
-	// here, so a delivery that dies anywhere in between leaves nothing
-	// undone.
+	// sends such runs here again), the events, then the report and its
+	// own event: until both events have gone out the run is listed as
+	// unannounced and comes back here, so a delivery that dies anywhere in
+	// between leaves nothing undone.
 	if err := h.release(ctx, rec); err != nil {
 		return err
 	}
@@ -71,13 +73,16 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		}
 		owed = owed[len(early):]
 	}
-	if _, err := d.PublishClaimed(ctx, rec, owed, claimedAt); err != nil {
+	if rec, err = d.PublishClaimed(ctx, rec, owed, claimedAt); err != nil {
 		return err
 	}
 	if held {
 		// Another delivery is publishing one of the run's events: try
 		// again later, in case it dies before it has.
 		return fmt.Errorf("run %s: another delivery is announcing one of its events", rec.RunID)
+	}
+	if err := h.report(ctx, rec); err != nil {
+		return err
 	}
 	if rec.Trial != nil {
 		// The sweep notes how the trial ended, and ends once its last has.
@@ -106,12 +111,8 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 		}
 	}
 	now = h.Deps.Time()
-	uri, err := h.reportOf(ctx, rec, res, unreadable, now)
-	if err != nil {
-		return nil, nil, false, now, err
-	}
 	ended := false
-	rec, err = h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
+	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		owed, held, ended = nil, false, false
 		changed := false
 		for _, p := range published {
@@ -120,10 +121,6 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 				delete(r.Publishing, p)
 				changed = true
 			}
-		}
-		if uri != "" && r.Report == "" {
-			r.Report = uri
-			changed = true
 		}
 		if r.Phase == runs.Finishing && res != nil {
 			if err := r.MarkEnded(res, unreadable, now); err != nil {

@@ -1,13 +1,19 @@
 package finalize
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"google.golang.org/api/googleapi"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
@@ -49,6 +55,7 @@ func TestFinalize(t *testing.T) {
 		reason      runs.Reason
 		checkpoints int
 		report      bool
+		noReport    string // a part of the record's NoReport
 		events      []string
 		provisioned []string // runId/attempt
 		workers     int32    // -1: no RayCluster
@@ -57,21 +64,21 @@ func TestFinalize(t *testing.T) {
 		errs        []string
 	}{
 		{
-			name: "a success: its checkpoints, its report, the workers to zero, one event",
+			name: "a success: its checkpoints, the workers to zero, the terminal event, then the report and its event",
 			before: func(w *pipelinetest.World) event.Event {
 				finishing(w, succeeded, 3, "succeeded")
 				return finished(w)
 			},
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, workers: 0, errs: []string{""},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
-			name: "delivered twice: one event, the record written once",
+			name: "delivered twice: each event once, the record ended once",
 			before: func(w *pipelinetest.World) event.Event {
 				finishing(w, succeeded, 3, "succeeded")
 				return finished(w)
 			},
 			n:     2,
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, workers: 0, errs: []string{"", ""},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{"", ""},
 		},
 		{
 			name: "a success without a complete checkpoint fails (NoCheckpoint)",
@@ -79,7 +86,7 @@ func TestFinalize(t *testing.T) {
 				finishing(w, succeeded, 0, "succeeded")
 				return finished(w)
 			},
-			phase: runs.Failed, reason: runs.NoCheckpoint, report: true, events: []string{"run-1:failed"}, workers: 0, errs: []string{""},
+			phase: runs.Failed, reason: runs.NoCheckpoint, report: true, events: []string{"run-1:failed", "run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
 			name: "a queued run waits: the cluster is handed to it, workers kept",
@@ -97,7 +104,7 @@ func TestFinalize(t *testing.T) {
 				}
 				return finished(w)
 			},
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, provisioned: []string{"run-2/1"},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, provisioned: []string{"run-2/1"},
 			workers: 2, holder: "run-2", errs: []string{""},
 		},
 		{
@@ -110,7 +117,7 @@ func TestFinalize(t *testing.T) {
 				w.Put(runs.NewRecord("run-2", "test", "b", nil, nil, w.Now)) // REJECTED
 				return finished(w)
 			},
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, workers: 0, errs: []string{""},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
 			name: "a cancelled run: its RayJob deleted, the workers to zero",
@@ -122,7 +129,7 @@ func TestFinalize(t *testing.T) {
 				}
 				return finished(w)
 			},
-			phase: runs.Cancelled, reason: runs.ReasonCancelled, checkpoints: 1, report: true, events: []string{"run-1:cancelled"}, workers: 0, errs: []string{""},
+			phase: runs.Cancelled, reason: runs.ReasonCancelled, checkpoints: 1, report: true, events: []string{"run-1:cancelled", "run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
 			name: "a mark that is not JSON: the run fails (CheckpointsUnreadable) and its cluster goes back",
@@ -132,17 +139,17 @@ func TestFinalize(t *testing.T) {
 				w.Write(bucket, exp+"/raydrop_result.json", "{not json")
 				return finished(w)
 			},
-			phase: runs.Failed, reason: runs.CheckpointsUnreadable, report: true, events: []string{"run-1:failed"}, workers: 0, errs: []string{""},
+			phase: runs.Failed, reason: runs.CheckpointsUnreadable, report: true, events: []string{"run-1:failed", "run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
-			name: "the terminal event cannot be published: retried, published once",
+			name: "the terminal event cannot be published: retried, published once, the report after it",
 			before: func(w *pipelinetest.World) event.Event {
 				finishing(w, succeeded, 3, "succeeded")
 				w.FailPublish(w.Deps.Config.Topics.Events, pipelinetest.ErrUnavailable)
 				return finished(w)
 			},
 			n:     2,
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, workers: 0, errs: []string{"transient", ""},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{"transient", ""},
 		},
 		{
 			name: "the record cannot be written: retried, then ended",
@@ -152,7 +159,55 @@ func TestFinalize(t *testing.T) {
 				return finished(w)
 			},
 			n:     2,
-			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded"}, workers: 0, errs: []string{"transient", ""},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{"transient", ""},
+		},
+		{
+			name: "the report's event cannot be published: the terminal event stands, the report is announced once on the retry",
+			before: func(w *pipelinetest.World) event.Event {
+				finishing(w, succeeded, 3, "succeeded")
+				w.FailPublishAfter(w.Deps.Config.Topics.Events, 1, pipelinetest.ErrUnavailable)
+				return finished(w)
+			},
+			n:     2,
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{"transient", ""},
+		},
+		{
+			name: "the report cannot be written for now: the terminal event stands, the report on the retry",
+			before: func(w *pipelinetest.World) event.Event {
+				finishing(w, succeeded, 3, "succeeded")
+				w.Deps.Objects = &failingCreate{Objects: w.Deps.Objects, errs: []error{pipelinetest.ErrUnavailable}}
+				return finished(w)
+			},
+			n:     2,
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:succeeded", "run-1:report_ready"}, workers: 0, errs: []string{"transient", ""},
+		},
+		{
+			name: "the report may not be written (403): no report and no report event, the run announced",
+			before: func(w *pipelinetest.World) event.Event {
+				finishing(w, succeeded, 3, "succeeded")
+				w.Deps.Objects = &failingCreate{Objects: w.Deps.Objects, errs: []error{&googleapi.Error{Code: http.StatusForbidden, Message: "storage.objects.create denied"}}}
+				return finished(w)
+			},
+			phase: runs.Succeeded, checkpoints: 3, noReport: "storage.objects.create denied", events: []string{"run-1:succeeded"}, workers: 0, errs: []string{""},
+		},
+		{
+			name: "a delivery died after the terminal event, before the report: the next writes and announces it, the terminal event not again",
+			before: func(w *pipelinetest.World) event.Event {
+				finishing(w, succeeded, 3, "succeeded")
+				w.Deps.Objects = &failingCreate{Objects: w.Deps.Objects, errs: []error{context.Canceled}}
+				if err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, finished(w)); err == nil {
+					t.Fatal("the delivery that was to die did not fail")
+				}
+				if got := w.Events(); !slices.Equal(got, []string{"run-1:succeeded"}) {
+					t.Fatalf("events before the report %q", got)
+				}
+				if r := w.Record(id); !r.Unannounced() || r.Report != "" {
+					t.Fatalf("after the terminal event, the record is announced (%v) or has a report %q", !r.Unannounced(), r.Report)
+				}
+				w.Reset()
+				return finished(w)
+			},
+			phase: runs.Succeeded, checkpoints: 3, report: true, events: []string{"run-1:report_ready"}, workers: 0, errs: []string{""},
 		},
 		{
 			name: "an ended, announced run: nothing happens",
@@ -214,12 +269,29 @@ func TestFinalize(t *testing.T) {
 				if c.report && r.Report != report.URI(r) {
 					t.Errorf("record's report %q, not %q", r.Report, report.URI(r))
 				}
+				if c.noReport != "" && !strings.Contains(r.NoReport, c.noReport) || c.noReport == "" && r.NoReport != "" {
+					t.Errorf("record's NoReport %q, want %q in it", r.NoReport, c.noReport)
+				}
 				if r.Unannounced() || len(r.Publishing) > 0 {
 					t.Errorf("record left unannounced (claims %v)", r.Publishing)
 				}
 			}
 			if got := w.Events(); !slices.Equal(got, c.events) {
 				t.Errorf("events %q, want %q", got, c.events)
+			}
+			// The terminal event does not wait for the report: it names
+			// none; the report's event names it.
+			for _, m := range w.Sent(w.Deps.Config.Topics.Events) {
+				var data events.Run
+				if err := json.Unmarshal(m.Data, &data); err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case data.Phase == events.ReportReady && (data.Report == "" || data.Report != w.Record(id).Report || data.Outcome != strings.ToLower(string(c.phase))):
+					t.Errorf("report_ready event names report %q, outcome %q; want %q, %s", data.Report, data.Outcome, w.Record(id).Report, strings.ToLower(string(c.phase)))
+				case data.Phase != events.ReportReady && data.Report != "":
+					t.Errorf("%s event names report %q, written after it", data.Phase, data.Report)
+				}
 			}
 			if got := w.Steps(w.Deps.Config.Topics.Provisioned); !slices.Equal(got, c.provisioned) {
 				t.Errorf("provisioned messages %q, want %q", got, c.provisioned)
@@ -243,6 +315,21 @@ func TestFinalize(t *testing.T) {
 			}
 		})
 	}
+}
+
+// failingCreate fails the next creates of objects with errs, in turn.
+type failingCreate struct {
+	pipeline.Objects
+	errs []error
+}
+
+func (f *failingCreate) Create(ctx context.Context, bucket, name string, data []byte, contentType string) error {
+	if len(f.errs) > 0 {
+		err := f.errs[0]
+		f.errs = f.errs[1:]
+		return err
+	}
+	return f.Objects.Create(ctx, bucket, name, data, contentType)
 }
 
 func experiment(r *runs.Record) (bucket, prefix string) {

@@ -2,65 +2,58 @@ package finalize
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/report"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
-// reportOf writes the report of a run that is ending (FINISHING, with res
-// the checkpoints discover found) or has ended without one yet, and
-// returns its URI for the record and the terminal event. "" means the run
-// has no report: its spec was rejected, or the report cannot be written
-// for good (the function may not write the bucket): the terminal event
-// does not wait for a report.
-func (h *Handler) reportOf(ctx context.Context, rec *runs.Record, res *checkpoints.Result, unreadable error, now time.Time) (string, error) {
-	if rec.Report != "" || rec.Phase != runs.Finishing && !rec.Unannounced() {
-		return rec.Report, nil
-	}
-	bucket, name := report.Object(rec)
-	if bucket == "" {
-		return "", nil
-	}
-	// The report shows the record as the terminal write will leave it.
-	end, err := clone(rec)
-	if err != nil {
-		return "", err
-	}
-	if end.Phase == runs.Finishing && res != nil {
-		if err := end.MarkEnded(res, unreadable, now); err != nil {
-			return "", err
-		}
+// report writes the report of a run whose terminal event has gone out, and
+// announces it (report_ready), unless that is done or the run has none
+// (runs.Record.ReportOwed). The page is written once: a delivery that died
+// after writing it leaves it for the next, which records and announces it.
+// A report that cannot be written for good (the function may not write the
+// run's bucket, or read what the page shows) is recorded as none, so the run
+// does not come back here for it.
+func (h *Handler) report(ctx context.Context, rec *runs.Record) error {
+	if !rec.ReportOwed() || !rec.WasPublished(rec.Phase) {
+		return nil
 	}
 	d := h.Deps
-	page, err := report.Build(ctx, d.Objects.Bucket, end, d.Config, now)
-	if err == nil {
-		// Once: an earlier delivery's copy stands.
-		if err = d.Objects.Create(ctx, bucket, name, page, report.ContentType); errors.Is(err, gcp.ErrExists) {
-			err = nil
+	uri := rec.Report
+	if uri == "" {
+		bucket, name := report.Object(rec)
+		page, err := report.Build(ctx, d.Objects.Bucket, rec, d.Config, d.Time())
+		if err == nil {
+			// Once: an earlier delivery's copy stands.
+			if err = d.Objects.Create(ctx, bucket, name, page, report.ContentType); errors.Is(err, gcp.ErrExists) {
+				err = nil
+			}
 		}
+		switch {
+		case gcp.Unreadable(err):
+			d.Log.Error("report_not_written", "run_id", rec.RunID, "uri", report.URI(rec), "error", err.Error())
+			return h.noReport(ctx, rec.RunID, err)
+		case err != nil:
+			return fmt.Errorf("report of run %s: %w", rec.RunID, err)
+		}
+		uri = report.URI(rec)
+		d.Log.Info("report_written", "run_id", rec.RunID, "uri", uri, "bytes", len(page))
 	}
-	switch {
-	case err == nil:
-		d.Log.Info("report_written", "run_id", rec.RunID, "uri", report.URI(rec), "bytes", len(page))
-		return report.URI(rec), nil
-	case gcp.Unreadable(err):
-		d.Log.Error("report_not_written", "run_id", rec.RunID, "uri", report.URI(rec), "error", err.Error())
-		return "", nil
-	}
-	return "", fmt.Errorf("report of run %s: %w", rec.RunID, err)
+	_, err := d.AnnounceReport(ctx, rec.RunID, uri)
+	return err
 }
 
-func clone(r *runs.Record) (*runs.Record, error) {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return nil, err
-	}
-	out := &runs.Record{}
-	return out, json.Unmarshal(b, out)
+// noReport records that the run's report cannot be written, and why.
+func (h *Handler) noReport(ctx context.Context, runID string, why error) error {
+	_, err := h.Deps.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		if r.NoReport != "" || r.Report != "" {
+			return runs.ErrNoChange
+		}
+		r.NoReport = why.Error()
+		return nil
+	})
+	return err
 }

@@ -450,17 +450,22 @@ func TestSuccessWithDuplicateDeliveries(t *testing.T) {
 	if w.workers() != 0 {
 		t.Errorf("workers %d after the run, want 0", w.workers())
 	}
-	var data map[string]any
-	_ = json.Unmarshal(w.events[len(w.events)-1].Data(), &data)
-	for _, k := range []string{"checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "report"} {
+	var data, reported map[string]any
+	_ = json.Unmarshal(w.terminalEvent(runID).Data(), &data)
+	for _, k := range []string{"checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd"} {
 		if _, ok := data[k]; !ok {
 			t.Errorf("succeeded event lacks %s", k)
 		}
 	}
-	// The report was written once, beside the run, whatever was redelivered.
+	if _, ok := data["report"]; ok {
+		t.Errorf("the succeeded event names report %v: it went out before the report was written", data["report"])
+	}
+	// The report was written once, beside the run, whatever was
+	// redelivered, and announced once, after the terminal event.
 	uri := "gs://" + output + "/raydrop/" + runID + "/report.html"
-	if data["report"] != uri || r.Report != uri {
-		t.Errorf("report %v in the event, %q in the record; want %s", data["report"], r.Report, uri)
+	_ = json.Unmarshal(w.reportEvent(runID).Data(), &reported)
+	if reported["report"] != uri || reported["outcome"] != "succeeded" || r.Report != uri || w.count(events.ReportReady) != 1 {
+		t.Errorf("report %v in its event (outcome %v, %d such events), %q in the record; want %s once", reported["report"], reported["outcome"], w.count(events.ReportReady), r.Report, uri)
 	}
 	a, err := w.gcs.Bucket(output).Object("raydrop/" + runID + "/report.html").Attrs(w.ctx)
 	if err != nil {
@@ -728,8 +733,8 @@ func TestCancelWhileAccepted(t *testing.T) {
 	if r := w.record(rec.RunID); r.Phase != runs.Cancelled || r.Reason != runs.ReasonCancelled || w.count("cancelled") != 1 || w.rayJobs() != 0 {
 		t.Fatalf("phase %s (%s: %s), cancelled events %d, rayjobs %d; want CANCELLED (Cancelled), 1, 0", r.Phase, r.Reason, r.Message, w.count("cancelled"), w.rayJobs())
 	}
-	if got := w.types(rec.RunID); !slices.Equal(got, []string{"accepted", "cancelled"}) {
-		t.Errorf("events %v, want accepted then cancelled", got)
+	if got := w.types(rec.RunID); !slices.Equal(got, []string{"accepted", "cancelled", events.ReportReady}) {
+		t.Errorf("events %v, want accepted then cancelled (then the report's)", got)
 	}
 	if l := w.lease(); l.Holder != "" || len(l.Queue) != 0 {
 		t.Errorf("lease %+v after a cancelled accepted run, want free", l)
@@ -856,8 +861,8 @@ func TestTimingsCountEveryAttempt(t *testing.T) {
 	var data struct {
 		Timings map[string]float64 `json:"timings"`
 	}
-	if err := json.Unmarshal(w.events[len(w.events)-1].Data(), &data); err != nil || w.record(runID).Phase != runs.Succeeded {
-		t.Fatalf("phase %s, last event %v: %v", w.record(runID).Phase, w.events[len(w.events)-1].Type(), err)
+	if err := json.Unmarshal(w.terminalEvent(runID).Data(), &data); err != nil || w.record(runID).Phase != runs.Succeeded {
+		t.Fatalf("phase %s: %v", w.record(runID).Phase, err)
 	}
 	want := map[string]float64{"ACCEPTED": 0, "PROVISIONED": 0, "SUBMITTED": 15 * 60, "RUNNING": 90 * 60, "FINISHING": 0, "total": 105 * 60}
 	for k, v := range want {
@@ -1025,13 +1030,28 @@ func TestMarkNoticeFinishesTheRun(t *testing.T) {
 }
 
 // lastEvent is the last public event of a run.
-func (w *world) lastEvent(runID string) event.Event {
+// terminalEvent is the run's terminal event.
+func (w *world) terminalEvent(runID string) event.Event {
 	w.t.Helper()
-	es := w.eventsOf(runID)
-	if len(es) == 0 {
-		w.t.Fatalf("run %s announced nothing", runID)
+	for _, e := range w.eventsOf(runID) {
+		if p, ok := runs.PhaseOfEvent(strings.TrimPrefix(e.Type(), events.TypePrefix)); ok && p.Terminal() {
+			return e
+		}
 	}
-	return es[len(es)-1]
+	w.t.Fatalf("run %s has no terminal event", runID)
+	return event.Event{}
+}
+
+// reportEvent is the event that announces the run's report.
+func (w *world) reportEvent(runID string) event.Event {
+	w.t.Helper()
+	for _, e := range w.eventsOf(runID) {
+		if e.Type() == events.Type(events.ReportReady) {
+			return e
+		}
+	}
+	w.t.Fatalf("run %s has no %s event", runID, events.ReportReady)
+	return event.Event{}
 }
 
 // checkedExample is the example spec with the data check asked for.
@@ -1087,11 +1107,11 @@ func TestDataCheckBeforeAnyWorker(t *testing.T) {
 	if r := w.record(runID); r.Phase != runs.Succeeded {
 		t.Fatalf("phase %s, reason %s: %s", r.Phase, r.Reason, r.Message)
 	}
-	if got, want := w.types(runID), []string{"accepted", "checking", "running", "succeeded"}; !slices.Equal(got, want) {
+	if got, want := w.types(runID), []string{"accepted", "checking", "running", "succeeded", events.ReportReady}; !slices.Equal(got, want) {
 		t.Errorf("events %v, want %v", got, want)
 	}
 	var final events.Run
-	if err := w.lastEvent(runID).DataAs(&final); err != nil || final.DataCheck == nil || final.DataCheck.Rows.LeftOut != 5 || final.DataCheck.Estimate.USD != 23.05 {
+	if err := w.terminalEvent(runID).DataAs(&final); err != nil || final.DataCheck == nil || final.DataCheck.Rows.LeftOut != 5 || final.DataCheck.Estimate.USD != 23.05 {
 		t.Errorf("succeeded event's data check %+v (%v)", final.DataCheck, err)
 	}
 }
@@ -1120,11 +1140,11 @@ func TestBadDataFailsBeforeAnyWorker(t *testing.T) {
 			if len(r.Attempts) != 0 || w.rayJobs() != 1 || w.workers() != 0 {
 				t.Errorf("%d attempts, %d RayJobs, %d workers; want none but the check", len(r.Attempts), w.rayJobs(), w.workers())
 			}
-			if got, want := w.types(runID), []string{"accepted", "checking", "failed"}; !slices.Equal(got, want) {
+			if got, want := w.types(runID), []string{"accepted", "checking", "failed", events.ReportReady}; !slices.Equal(got, want) {
 				t.Errorf("events %v, want %v", got, want)
 			}
 			var final events.Run
-			if err := w.lastEvent(runID).DataAs(&final); err != nil || final.Reason != c.reason || final.DataCheck == nil || final.DataCheck.OK {
+			if err := w.terminalEvent(runID).DataAs(&final); err != nil || final.Reason != c.reason || final.DataCheck == nil || final.DataCheck.OK {
 				t.Errorf("failed event %+v (%v)", final, err)
 			}
 		})

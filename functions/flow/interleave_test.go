@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -475,10 +476,21 @@ func (c *chaos) check() {
 			c.fail("run %s ended and was announced but still has the lease %+v", id, lease)
 		}
 	}
+	// Nothing follows the terminal event but a copy of it (its publisher
+	// died before recording it) and the report's event, which never comes
+	// before it, and comes once (or again under the same ID).
 	for _, id := range c.runIDs() {
-		var terminal []string
+		var terminal, report []string
 		for i, e := range c.eventsOf(id) {
-			if len(terminal) > 0 && (e.ID() != terminal[0] || !c.mayRepeat[e.ID()]) {
+			isReport := e.Type() == events.Type(events.ReportReady)
+			switch {
+			case isReport && len(terminal) == 0:
+				c.fail("run %s: event %d (%s) before its terminal event", id, i, e.ID())
+			case isReport && len(report) > 0 && !c.mayRepeat[e.ID()]:
+				c.fail("run %s: event %d (%s) a second time", id, i, e.ID())
+			case isReport:
+				report = append(report, e.ID())
+			case len(terminal) > 0 && (e.ID() != terminal[0] || !c.mayRepeat[e.ID()]):
 				c.fail("run %s: event %d (%s) after its terminal event %s", id, i, e.ID(), terminal[0])
 			}
 			if ph, ok := runs.PhaseOfEvent(strings.TrimPrefix(e.Type(), "dev.raydrop.run.v1.")); ok && ph.Terminal() {
@@ -527,8 +539,17 @@ func (c *chaos) checkEnd() {
 				types = append(types, e.Type())
 			}
 		}
-		if types[len(types)-1] != "dev.raydrop.run.v1."+r.Phase.Event() {
-			c.fail("run %s ended %s but its last event is %v", id, r.Phase, types)
+		// The terminal event last, or before the report's, which every run
+		// with a spec gets.
+		last := types
+		if r.Spec != nil {
+			if types[len(types)-1] != events.Type(events.ReportReady) || r.Report == "" {
+				c.fail("run %s ended %s with report %q, and its last event is %v, not its report's", id, r.Phase, r.Report, types)
+			}
+			last = types[:len(types)-1]
+		}
+		if last[len(last)-1] != events.Type(r.Phase.Event()) {
+			c.fail("run %s ended %s but its last event before the report's is %v", id, r.Phase, types)
 		}
 		if r.Phase != runs.Rejected && types[0] != "dev.raydrop.run.v1.accepted" {
 			c.fail("run %s: first event %s, want accepted", id, types[0])

@@ -48,8 +48,10 @@ func job(dep rayv1.JobDeploymentStatus, js rayv1.JobStatus) *rayv1.RayJob {
 
 var (
 	cancelled = func(r *runs.Record) { r.CancelRequested = true }
-	announced = func(r *runs.Record) { r.Published = []runs.Phase{r.Phase} }
-	attempt2  = func(r *runs.Record) {
+	announced = func(r *runs.Record) { r.Published = []runs.Phase{r.Phase, runs.ReportReady} }
+	// terminalOut: the terminal event went out, the report's has not.
+	terminalOut = func(r *runs.Record) { r.Published = []runs.Phase{r.Phase} }
+	attempt2    = func(r *runs.Record) {
 		r.Attempt = 2
 		r.Attempts[0].Outcome, r.Attempts[0].Reason = runs.OutcomeRetried, runs.InfrastructureFailure
 		r.Attempts = append(r.Attempts, runs.Attempt{N: 2, CreatedAt: t0})
@@ -116,6 +118,7 @@ func TestDecide(t *testing.T) {
 		cases = append(cases,
 			decideCase{string(p) + ", unannounced, stale", Observation{Run: rec(p), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 			decideCase{string(p) + ", announced", Observation{Run: rec(p, announced), Sweep: true, Now: stale}, Wait, "", "", false},
+			decideCase{string(p) + ", its terminal event out, its report not, stale", Observation{Run: rec(p, terminalOut), Sweep: true, Now: stale}, Resend, "", wiring.TopicFinished, false},
 		)
 	}
 	covered := map[runs.Phase]bool{}

@@ -69,6 +69,7 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 	fs, t := deploymentFlags(e, "watch")
 	every := fs.Duration("interval", time.Second, "how often to read the run record")
 	appear := fs.Duration("appear", time.Minute, "how long to wait for a just-submitted run's record to appear")
+	reportWait := fs.Duration("report-wait", 2*time.Minute, "how long to wait, once the run has ended, for its report (written after the terminal event); 0: do not wait")
 	pos, code, ok := parse(e, fs, args)
 	if !ok {
 		return code
@@ -142,12 +143,42 @@ func runWatch(ctx context.Context, e *env, args []string) int {
 			if live && lastLine != "" {
 				fmt.Fprintln(e.stdout)
 			}
-			return finished(e, r)
+			code := finished(e, r)
+			showReport(ctx, e, r, *every, *reportWait, func() (*runs.Record, error) { return getRun(ctx, st, pos[0], t) })
+			return code
 		}
 		if !sleep(ctx, *every) {
 			fmt.Fprintln(e.stderr, "raydrop watch: interrupted")
 			return ExitFailure
 		}
+	}
+}
+
+// showReport prints the report of a run that has ended once it is
+// announced (its report_ready event has gone out: the terminal event does
+// not wait for it), reading the record again every interval for up to
+// limit; or says why there is none, or that it is not ready yet. It never
+// changes the exit code: the run's outcome does.
+func showReport(ctx context.Context, e *env, r *runs.Record, every, limit time.Duration, get func() (*runs.Record, error)) {
+	deadline := time.Now().Add(limit)
+	for r.ReportOwed() && time.Now().Before(deadline) {
+		if !sleep(ctx, every) {
+			return
+		}
+		cur, err := get()
+		if err != nil {
+			fmt.Fprintf(e.stderr, "raydrop watch: the report: %v\n", err)
+			return
+		}
+		r = cur
+	}
+	switch {
+	case r.WasPublished(runs.ReportReady):
+		fmt.Fprintf(e.stdout, "report     %s\n", r.Report)
+	case r.NoReport != "":
+		fmt.Fprintf(e.stderr, "run %s has no report: %s\n", r.RunID, r.NoReport)
+	case r.ReportOwed():
+		fmt.Fprintf(e.stderr, "the report of run %s is not ready after %s: raydrop report %s prints it once it is\n", r.RunID, limit, r.RunID)
 	}
 }
 

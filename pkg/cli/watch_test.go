@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +95,50 @@ func TestModelText(t *testing.T) {
 	}
 	if got := modelText(&runs.Record{}); got != "" {
 		t.Errorf("a run without staging shows %q", got)
+	}
+}
+
+// TestShowReport: once the run has ended, watch waits for its report's
+// announcement and prints it; says why there is none; or says it is not
+// ready when the wait runs out.
+func TestShowReport(t *testing.T) {
+	s := spec.Defaults()
+	ended := func(edit func(*runs.Record)) *runs.Record {
+		r := &runs.Record{RunID: "r1", Phase: runs.Succeeded, Spec: &s, Published: []runs.Phase{runs.Succeeded}}
+		if edit != nil {
+			edit(r)
+		}
+		return r
+	}
+	const uri = "gs://out/raydrop/r1/report.html"
+	reported := ended(func(r *runs.Record) { r.Report = uri; r.MarkPublished(runs.ReportReady) })
+	for _, c := range []struct {
+		name        string
+		reads       []*runs.Record // what each later read of the record returns
+		limit       time.Duration
+		out, stderr string
+	}{
+		{"announced two reads later", []*runs.Record{ended(nil), ended(func(r *runs.Record) { r.Report = uri }), reported}, time.Minute, "report     " + uri + "\n", ""},
+		{"no report for good", []*runs.Record{ended(func(r *runs.Record) { r.NoReport = "403 Forbidden" })}, time.Minute, "", "run r1 has no report: 403 Forbidden\n"},
+		{"not ready within the wait", nil, 0, "", "the report of run r1 is not ready after 0s: raydrop report r1 prints it once it is\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut strings.Builder
+			reads := 0
+			get := func() (*runs.Record, error) {
+				reads++
+				if reads > len(c.reads) {
+					return nil, errors.New("read more often than the test allows")
+				}
+				return c.reads[reads-1], nil
+			}
+			showReport(context.Background(), &env{stdout: &out, stderr: &errOut}, ended(nil), time.Millisecond, c.limit, get)
+			if out.String() != c.out || errOut.String() != c.stderr {
+				t.Errorf("printed %q and %q, want %q and %q", out.String(), errOut.String(), c.out, c.stderr)
+			}
+			if reads != len(c.reads) {
+				t.Errorf("%d reads, want %d", reads, len(c.reads))
+			}
+		})
 	}
 }

@@ -30,6 +30,16 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	if r.Check != nil && r.Check.Result != nil {
 		d.DataCheck = r.Check.Result
 	}
+	if p == runs.ReportReady {
+		// The report's own event: where it is and how the run ended (the
+		// terminal event, already out, has the rest).
+		d.Outcome, d.Report = r.Phase.Event(), r.Report
+		d.Reason, d.Message = r.Reason, r.Message
+		if t, ok := r.Times[r.Phase]; ok {
+			d.EndedAt = &t
+		}
+		return d
+	}
 	if !p.Terminal() {
 		return d
 	}

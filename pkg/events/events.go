@@ -22,11 +22,13 @@ const TypePrefix = "dev.raydrop.run.v1."
 // SubjectPrefix begins every event's subject: runs/<run ID>.
 const SubjectPrefix = "runs/"
 
-// Phases that have a public event, derived from the run's lifecycle
-// (runs.Phases), in the order a run can meet them: accepted (or rejected,
-// which ends it), queued (only a run that waits for its cluster), running,
-// then one of succeeded, failed and cancelled. A run cancelled or failed
-// before it ran skips running.
+// Phases names every run event, in the order a run can meet them: those
+// of the phases that have one, derived from the run's lifecycle
+// (runs.Phases): accepted (or rejected, which ends it), queued (only a run
+// that waits for its cluster), running, then one of succeeded, failed and
+// cancelled (a run cancelled or failed before it ran skips running); then
+// report_ready, once the report of a run that ended is written (every run
+// but a rejected one).
 var Phases = func() []string {
 	var out []string
 	for _, p := range runs.Phases() {
@@ -34,8 +36,12 @@ var Phases = func() []string {
 			out = append(out, e)
 		}
 	}
-	return out
+	return append(out, ReportReady)
 }()
+
+// ReportReady is the event that announces a run's report, after its
+// terminal event: the terminal event does not wait for the report.
+var ReportReady = runs.ReportReady.Event()
 
 // Terminal phases carry the run's results.
 var Terminal = func() map[string]bool {
@@ -99,8 +105,13 @@ type Run struct {
 	// event.
 	DataCheck *checkpoints.DataCheck `json:"dataCheck,omitempty"`
 	// Report is the gs:// URI of the run's report: one self-contained HTML
-	// page with its curves, timeline, checkpoints, samples and cost.
+	// page with its curves, timeline, checkpoints, samples and cost. The
+	// report_ready event carries it; a terminal event only when the report
+	// was written before it went out.
 	Report string `json:"report,omitempty"`
+	// Outcome is how the run ended, the phase of its terminal event
+	// (report_ready events).
+	Outcome string `json:"outcome,omitempty"`
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`

@@ -109,7 +109,8 @@ func Schema(phase string) []byte {
 				"staged":   map[string]any{"type": "boolean"},
 			},
 		},
-		"report": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost)"},
+		"report":  map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost); the report_ready event carries it, a terminal event only when the report was written before it went out (subscribers that want the report wait for report_ready)"},
+		"outcome": map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",
@@ -147,12 +148,17 @@ func Schema(phase string) []byte {
 	if Terminal[phase] {
 		required = append(required, "endedAt")
 	}
+	if phase != ReportReady {
+		delete(props, "outcome")
+	}
 	switch phase {
 	case "succeeded":
 		required = append(required, "checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "attempt")
 		props["checkpoints"].(map[string]any)["minItems"] = 1
 	case "failed", "cancelled", "rejected", "queued", "stopped":
 		required = append(required, "reason", "message")
+	case ReportReady:
+		required = append(required, "report", "outcome", "endedAt")
 	}
 	s := map[string]any{
 		"$schema":              "https://json-schema.org/draft/2020-12/schema",
@@ -201,7 +207,7 @@ func EnvelopeSchema() []byte {
 		"required":    []string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"},
 		"properties": map[string]any{
 			"specversion":     map[string]any{"const": "1.0"},
-			"id":              map[string]any{"type": "string", "pattern": "^" + id + "/[a-z]+$", "description": "<run or sweep ID>/<phase>: the same for a redelivered copy"},
+			"id":              map[string]any{"type": "string", "pattern": "^" + id + "/[a-z_]+$", "description": "<run or sweep ID>/<phase> (or /report_ready): the same for a redelivered copy"},
 			"source":          str,
 			"type":            map[string]any{"enum": types},
 			"subject":         map[string]any{"type": "string", "pattern": "^(" + SubjectPrefix + "|" + SweepSubjectPrefix + ")" + id + "$"},
@@ -238,6 +244,16 @@ func reasonSchema() map[string]any {
 		one = append(one, map[string]any{"const": k, "description": rs[runs.Reason(k)]})
 	}
 	return map[string]any{"description": "why the run is in this phase, for programs; message says it for people", "oneOf": one}
+}
+
+// terminalEvents are the terminal phases' events, sorted.
+func terminalEvents() []string {
+	out := make([]string, 0, len(Terminal))
+	for e := range Terminal {
+		out = append(out, e)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func numberMap() map[string]any {

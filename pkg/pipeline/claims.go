@@ -189,6 +189,42 @@ func (d *Deps) Announce(ctx context.Context, r *runs.Record, p runs.Phase) (*run
 	return d.PublishClaimed(ctx, r, []runs.Phase{p}, now)
 }
 
+// AnnounceReport records the run's report, written at uri, and announces it
+// (report_ready) once: the record and the event's claim in one write, then
+// the event, then the record of it published. Call it once the terminal
+// event has gone out (the report's event never precedes it). A claim
+// another delivery holds is an error: try again later, in case it dies
+// before it has published.
+func (d *Deps) AnnounceReport(ctx context.Context, runID, uri string) (*runs.Record, error) {
+	now := d.Time()
+	claimed := false
+	rec, err := d.Runs.Update(ctx, runID, func(r *runs.Record) error {
+		claimed = false
+		if !r.WasPublished(r.Phase) || !r.Phase.Terminal() {
+			return Permanent(fmt.Errorf("run %s is %s, its terminal event not out: its report is announced after it", r.RunID, r.Phase))
+		}
+		changed := r.Report == ""
+		if changed {
+			r.Report = uri
+		}
+		claimed = claim(r, runs.ReportReady, now)
+		if !claimed && !changed {
+			return runs.ErrNoChange
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("announce the report: %w", err)
+	}
+	if claimed {
+		return d.PublishClaimed(ctx, rec, []runs.Phase{runs.ReportReady}, now)
+	}
+	if !rec.WasPublished(runs.ReportReady) {
+		return rec, fmt.Errorf("run %s, %s event: %w", runID, runs.ReportReady.Event(), errClaimed)
+	}
+	return rec, nil
+}
+
 // Publish publishes the events of phases, which this delivery claimed in
 // rec at now, in order, all within publishWithin of each other. If one
 // fails, the claims of those not published are given up at once, so a

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/pipeline/pipelinetest"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -239,6 +240,77 @@ func TestAnnounceAndAdvance(t *testing.T) {
 			}
 			if !slices.Equal(published, c.published) || !slices.Equal(claims, c.claims) {
 				t.Errorf("record has %v published, %v claimed; want %v, %v", published, claims, c.published, c.claims)
+			}
+		})
+	}
+}
+
+// TestAnnounceReport: a run's report is recorded and announced once, only
+// after its terminal event; a claim another delivery holds is retried.
+func TestAnnounceReport(t *testing.T) {
+	const uri = "gs://out/raydrop/r/report.html"
+	// ended puts run r FAILED (no checkpoint), its terminal event out when
+	// announced.
+	ended := func(w *pipelinetest.World, announced bool) {
+		w.NewRun("r", w.Spec(nil), runs.Finishing, runs.Ending{Outcome: runs.OutcomeSucceeded})
+		if _, err := w.Deps.Runs.Update(w.Ctx, "r", func(r *runs.Record) error {
+			if err := r.MarkEnded(&checkpoints.Result{}, nil, w.Now); err != nil {
+				return err
+			}
+			if announced {
+				r.MarkPublished(r.Phase)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name      string
+		announced bool
+		prepare   func(w *pipelinetest.World)
+		times     int
+		events    []string
+		reported  bool
+		err       string
+	}{
+		{name: "once the terminal event is out: recorded, announced", announced: true, times: 1, events: []string{"r:report_ready"}, reported: true},
+		{name: "twice: announced once", announced: true, times: 2, events: []string{"r:report_ready"}, reported: true},
+		{name: "before the terminal event: refused for good", times: 1, err: "permanent"},
+		{
+			name: "another delivery holds the claim: recorded, retried, nothing sent", announced: true, times: 1, err: "transient",
+			prepare: func(w *pipelinetest.World) {
+				if _, err := w.Deps.Runs.Update(w.Ctx, "r", func(r *runs.Record) error {
+					r.Publishing = map[runs.Phase]time.Time{runs.ReportReady: w.Now}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := pipelinetest.New(t)
+			ended(w, c.announced)
+			if c.prepare != nil {
+				c.prepare(w)
+			}
+			var err error
+			for range c.times {
+				if _, err = w.Deps.AnnounceReport(w.Ctx, "r", uri); err != nil {
+					break
+				}
+			}
+			if got := pipelinetest.ErrKind(err); got != c.err {
+				t.Errorf("AnnounceReport: %q (%v), want %q", got, err, c.err)
+			}
+			if got := w.Events(); !slices.Equal(got, c.events) {
+				t.Errorf("events %q, want %q", got, c.events)
+			}
+			r := w.Record("r")
+			if r.WasPublished(runs.ReportReady) != c.reported || c.reported && (r.Report != uri || r.Unannounced()) {
+				t.Errorf("record: report %q, report_ready published %v, unannounced %v; want published %v", r.Report, r.WasPublished(runs.ReportReady), r.Unannounced(), c.reported)
 			}
 		})
 	}

@@ -96,10 +96,18 @@ func (p Phase) Active() bool { return p.Known() && !p.Terminal() }
 // HasJob reports whether the run's current attempt has a RayJob to watch.
 func (p Phase) HasJob() bool { i, _ := p.info(); return i.job }
 
+// ReportReady is not a phase: a run never enters it. It names the
+// announcement of the run's report (dev.raydrop.run.v1.report_ready),
+// which follows the terminal event once the report is written, in
+// Published and Publishing, so that the claim-and-announce machinery that
+// announces each phase once announces the report once too.
+const ReportReady Phase = "REPORT_READY"
+
 // Event is the name of the phase's public event (the last part of its
-// CloudEvent type), or "" for a phase that has none.
+// CloudEvent type), or "" for a phase that has none; report_ready for
+// ReportReady.
 func (p Phase) Event() string {
-	if i, _ := p.info(); i.event {
+	if i, _ := p.info(); i.event || p == ReportReady {
 		return strings.ToLower(string(p))
 	}
 	return ""

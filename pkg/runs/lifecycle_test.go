@@ -385,3 +385,43 @@ func TestStartupParts(t *testing.T) {
 		t.Error("an attempt whose workers were not seen has start-up parts")
 	}
 }
+
+// TestUnannouncedUntilReported: an ended run with a spec is unannounced
+// until its terminal event and then its report's (report_ready) have gone
+// out, or until it is known to have no report; a run rejected at intake
+// owes its terminal event only.
+func TestUnannouncedUntilReported(t *testing.T) {
+	withSpec := func(published []Phase, noReport string) *Record {
+		r := inPhase(Succeeded)
+		r.Spec = &spec.JobSpec{}
+		r.NoReport = noReport
+		for _, p := range published {
+			r.MarkPublished(p)
+		}
+		return r
+	}
+	rejected := NewRecord("id", "src", "bad", nil, spec.Problems{{Path: "training.epochs", Message: "must be at least 1"}}, t0)
+	rejected.MarkPublished(Rejected)
+	for _, c := range []struct {
+		name              string
+		r                 *Record
+		unannounced, owed bool
+	}{
+		{"nothing out", withSpec(nil, ""), true, true},
+		{"the terminal event out, the report owed", withSpec([]Phase{Succeeded}, ""), true, true},
+		{"both out", withSpec([]Phase{Succeeded, ReportReady}, ""), false, false},
+		{"the terminal event out, no report for good", withSpec([]Phase{Succeeded}, "403 Forbidden"), false, false},
+		{"a rejected run, announced", rejected, false, false},
+		{"a running run", inPhase(Running), false, false},
+	} {
+		if got, owed := c.r.Unannounced(), c.r.ReportOwed(); got != c.unannounced || owed != c.owed {
+			t.Errorf("%s: unannounced %v, report owed %v; want %v, %v", c.name, got, owed, c.unannounced, c.owed)
+		}
+	}
+	if ReportReady.Known() || ReportReady.Terminal() || ReportReady.Event() != "report_ready" {
+		t.Errorf("ReportReady: known %v, terminal %v, event %q; want an event of no phase", ReportReady.Known(), ReportReady.Terminal(), ReportReady.Event())
+	}
+	if p, ok := PhaseOfEvent("report_ready"); !ok || p != ReportReady {
+		t.Errorf("PhaseOfEvent(report_ready) = %s, %v", p, ok)
+	}
+}

@@ -59,8 +59,14 @@ type Record struct {
 	Outcome Outcome `json:"outcome,omitempty"`
 
 	Result *checkpoints.Result `json:"result,omitempty"`
-	// Report is the gs:// URI of the run's report page, once written.
+	// Report is the gs:// URI of the run's report page, once written: after
+	// the terminal event, which does not wait for it; its own event
+	// (ReportReady) follows.
 	Report string `json:"report,omitempty"`
+	// NoReport says why the run has no report and will have none (the
+	// function may not write the run's bucket): no report_ready event
+	// follows the terminal one.
+	NoReport string `json:"noReport,omitempty"`
 
 	// Published lists the phases whose public event has gone out, so a
 	// redelivered message publishes nothing new.
@@ -271,10 +277,21 @@ func (r *Record) MarkPublished(p Phase) {
 	}
 }
 
-// Unannounced reports whether the run has ended but its terminal event has
-// not gone out yet: the delivery that ended it died before announcing it, so
-// the sweep keeps sending the run to finalize until it is announced.
-func (r *Record) Unannounced() bool { return r.Phase.Terminal() && !r.WasPublished(r.Phase) }
+// Unannounced reports whether the run has ended but finalize has not
+// finished announcing it: its terminal event has not gone out, or its
+// report has not been written and announced (ReportOwed). The delivery that
+// ended it died before it was done, so the sweep keeps sending the run to
+// finalize until it is.
+func (r *Record) Unannounced() bool {
+	return r.Phase.Terminal() && (!r.WasPublished(r.Phase) || r.ReportOwed())
+}
+
+// ReportOwed reports whether the run has ended and its report has yet to be
+// written or announced: every run with a spec gets one (a run rejected at
+// intake has none), unless it cannot be written for good (NoReport).
+func (r *Record) ReportOwed() bool {
+	return r.Phase.Terminal() && r.Spec != nil && r.NoReport == "" && !r.WasPublished(ReportReady)
+}
 
 // CurrentAttempt returns the record's current attempt, or nil before the
 // first RayJob.

@@ -98,7 +98,11 @@ func TestBusOutage(t *testing.T) {
 	if r.Phase != runs.Succeeded {
 		t.Fatalf("run ended %s (%s) while the bus was down", r.Phase, r.Message)
 	}
-	if _, err := evs.WaitTerminal(runID, 40*time.Second, time.Second); err != nil {
+	// Every event of the run: the terminal one, then the report's.
+	if _, err := evs.WaitTerminal(runID, 40*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := evs.WaitReport(runID, 40*time.Second, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	seen, err := evs.WaitPublished(context.Background(), st, runID, 40*time.Second)

@@ -157,7 +157,7 @@ func TestPreemptedTwice(t *testing.T) {
 		t.Errorf("attempts resumed from steps %v, want [0 3 7]", resumed)
 	}
 	evs := eventsOf(t, runID)
-	final := evs[len(evs)-1]
+	final := terminalOf(t, evs)
 	if c := final.Capacity; c == nil || c.Preemptions != 2 || c.Tier != "spot" || final.Attempt != 3 {
 		t.Errorf("succeeded event attempt %d capacity %+v; want attempt 3 on spot with 2 preemptions", final.Attempt, c)
 	}

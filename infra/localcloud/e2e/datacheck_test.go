@@ -138,13 +138,13 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 	if count(evs, "checking") != 1 || count(evs, "running") != 1 || count(evs, "succeeded") != 1 {
 		t.Errorf("events %+v", evs)
 	}
-	final := evs[len(evs)-1]
+	final := terminalOf(t, evs)
 	if final.DataCheck == nil || !final.DataCheck.OK || final.DataCheck.Rows.Train+final.DataCheck.Rows.Eval != 40 {
 		t.Errorf("succeeded event's data check %+v", final.DataCheck)
 	}
 	// The report shows what the check found.
 	page := filepath.Join(reportDir, "checked.html")
-	fetchReport(t, r, final.Report, page)
+	fetchReport(t, r, reportURI(t, evs), page)
 	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), `id="data-check"`) || !strings.Contains(string(b), "<dt>Rows</dt><dd>40: ") {
 		t.Errorf("the report does not show the data check (%v)", err)
 	}
@@ -230,12 +230,12 @@ func TestBadDataFailsBeforeAnyWorker(t *testing.T) {
 			if count(evs, "checking") != 1 || count(evs, "failed") != 1 || count(evs, "running") != 0 {
 				t.Errorf("events %+v", evs)
 			}
-			final := evs[len(evs)-1]
+			final := terminalOf(t, evs)
 			if final.DataCheck == nil || final.DataCheck.OK || final.Reason != runs.InvalidData {
 				t.Errorf("failed event %+v", final)
 			}
 			page := filepath.Join(reportDir, "bad-"+slug+".html")
-			fetchReport(t, r, final.Report, page)
+			fetchReport(t, r, reportURI(t, evs), page)
 			if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), "The data check refused the run (InvalidData)") {
 				t.Errorf("the report does not say the data check refused the run (%v)", err)
 			}

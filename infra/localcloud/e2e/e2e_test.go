@@ -117,16 +117,21 @@ func waitPhase(t *testing.T, runID string, limit time.Duration, want ...runs.Pha
 	return r
 }
 
-// eventsOf waits until the run's terminal event arrived and a little more
-// (a duplicate would arrive by then), validates every event against its
-// schema, checks that the message bus got the same ones, and returns them.
+// eventsOf waits until the run's terminal event arrived, then until the
+// run is announced (its report's event too) and a little more (a duplicate
+// would arrive by then), validates every event against its schema, checks
+// that the message bus got the same ones, and returns them.
 func eventsOf(t *testing.T, runID string) []probe.Seen {
 	t.Helper()
 	// Longer than the events subscription's ack deadline, should the emulator
 	// hold a delivery until it passes.
-	if _, err := evs.WaitTerminal(runID, 40*time.Second, 3*time.Second); err != nil {
+	if _, err := evs.WaitTerminal(runID, 40*time.Second, 0); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := probe.WaitAnnounced(context.Background(), st, runID, 40*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
 	seen, err := evs.WaitPublished(context.Background(), st, runID, 40*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +146,30 @@ func eventsOf(t *testing.T, runID string) []probe.Seen {
 }
 
 func count(evs []probe.Seen, phase string) int { return probe.Count(evs, phase) }
+
+// terminalOf is the run's terminal event.
+func terminalOf(t *testing.T, evs []probe.Seen) probe.Seen {
+	t.Helper()
+	e := probe.Terminal(evs)
+	if e == nil {
+		t.Fatalf("no terminal event among %+v", evs)
+	}
+	return *e
+}
+
+// reportURI is the report the run's report_ready event names: the
+// terminal event, out before the report is written, names none.
+func reportURI(t *testing.T, evs []probe.Seen) string {
+	t.Helper()
+	e := probe.Report(evs)
+	if e == nil {
+		t.Fatalf("no %s event among %+v", events.ReportReady, evs)
+	}
+	if term := probe.Terminal(evs); term != nil && term.Report != "" {
+		t.Errorf("the %s event names report %s: it went out before the report was written", term.Phase, term.Report)
+	}
+	return e.Report
+}
 
 func terminalEvents(evs []probe.Seen) int { return probe.Count(evs, "terminal") }
 
@@ -172,7 +201,7 @@ func TestSucceeds(t *testing.T) {
 	if count(evs, "accepted") != 1 || count(evs, "running") != 1 || count(evs, "succeeded") != 1 || terminalEvents(evs) != 1 {
 		t.Errorf("events %+v", evs)
 	}
-	final := evs[len(evs)-1]
+	final := terminalOf(t, evs)
 	if len(final.Checkpoints) != 3 || final.LatestCheckpoint == nil || final.BestCheckpoint == nil || final.GPUHours == nil {
 		t.Fatalf("succeeded event %+v", final)
 	}
@@ -233,7 +262,7 @@ func TestApplicationFailure(t *testing.T) {
 		t.Errorf("events %+v", evs)
 	}
 	// A failed run gets its report too.
-	fetchReport(t, r, evs[len(evs)-1].Report, filepath.Join(reportDir, "failed.html"))
+	fetchReport(t, r, reportURI(t, evs), filepath.Join(reportDir, "failed.html"))
 	waitNoWorkers(t, "e2e-appfail")
 }
 
@@ -605,6 +634,10 @@ func TestCLI(t *testing.T) {
 	}
 	if !strings.Contains(out, "RUNNING") {
 		t.Errorf("watch never showed RUNNING:\n%s", out)
+	}
+	// The report, written after the terminal event, once its event is out.
+	if !strings.Contains(out, "report     gs://") {
+		t.Errorf("watch did not show the report:\n%s", out)
 	}
 	code, out, _ = raydrop("list", "--json")
 	var listed []map[string]any

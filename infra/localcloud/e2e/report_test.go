@@ -14,6 +14,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
@@ -25,10 +26,14 @@ import (
 // its screenshot, for people to look at.
 const reportDir = "../../../.build/report"
 
-// fetchReport checks that the run's terminal event names its report and
-// copies the report from the bucket to file.
+// fetchReport checks that the run's report_ready event names its report,
+// as its record now does, and copies the report from the bucket to file.
 func fetchReport(t *testing.T, r *runs.Record, uri, file string) {
 	t.Helper()
+	r, err := probe.Runs(st).Get(context.Background(), r.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if uri == "" || uri != report.URI(r) || r.Report != uri {
 		t.Fatalf("report %q in the event, %q in the record; want %s", uri, r.Report, report.URI(r))
 	}
@@ -73,12 +78,12 @@ func TestReportInABrowser(t *testing.T) {
 		t.Fatalf("phase %s attempt %d (%s); want SUCCEEDED on attempt 2", r.Phase, r.Attempt, r.Message)
 	}
 	evs := eventsOf(t, runID)
-	final := evs[len(evs)-1]
+	final := terminalOf(t, evs)
 	page, err := filepath.Abs(filepath.Join(reportDir, "report.html"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	fetchReport(t, r, final.Report, page)
+	fetchReport(t, r, reportURI(t, evs), page)
 
 	// What the page must show: a point per logged report with the metric,
 	// over every attempt, read from Ray Train's result.json in the bucket.

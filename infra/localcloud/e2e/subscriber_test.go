@@ -35,7 +35,7 @@ func TestExampleSubscriber(t *testing.T) {
 		t.Fatalf("run ended %s: %s", r.Phase, r.Message)
 	}
 	evs := eventsOf(t, runID)
-	final := evs[len(evs)-1].Run
+	final := terminalOf(t, evs).Run
 	best := final.BestCheckpoint
 	latest := "models/" + model + "/latest/"
 	models := st.GCS.Bucket(stack.ModelsBucket)

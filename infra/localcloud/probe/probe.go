@@ -114,9 +114,22 @@ func (e *Events) Runs() []string {
 // WaitTerminal waits up to limit for the run's terminal event, then settle
 // longer (a duplicate would arrive by then), and returns the run's events.
 func (e *Events) WaitTerminal(runID string, limit, settle time.Duration) ([]Seen, error) {
+	return e.wait(runID, "terminal", Terminal, limit, settle)
+}
+
+// WaitReport waits up to limit for the event that announces the run's
+// report (report_ready), which follows its terminal event, then settle
+// longer, and returns the run's events.
+func (e *Events) WaitReport(runID string, limit, settle time.Duration) ([]Seen, error) {
+	return e.wait(runID, events.ReportReady, Report, limit, settle)
+}
+
+// wait waits up to limit until find finds an event of the run's, then
+// settle longer, and returns the run's events.
+func (e *Events) wait(runID, what string, find func([]Seen) *Seen, limit, settle time.Duration) ([]Seen, error) {
 	deadline := time.Now().Add(limit)
 	for {
-		if Terminal(e.Of(runID)) != nil {
+		if find(e.Of(runID)) != nil {
 			time.Sleep(settle)
 			return e.Of(runID), nil
 		}
@@ -128,7 +141,7 @@ func (e *Events) WaitTerminal(runID string, limit, settle time.Duration) ([]Seen
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return e.Of(runID), fmt.Errorf("no terminal event for run %s within %s", runID, limit)
+	return e.Of(runID), fmt.Errorf("no %s event for run %s within %s", what, runID, limit)
 }
 
 // WaitPublished waits, up to limit, until the subscriber has seen every
@@ -164,6 +177,17 @@ func (e *Events) WaitPublished(ctx context.Context, st *stack.Stack, runID strin
 func Terminal(evs []Seen) *Seen {
 	for i := range evs {
 		if events.Terminal[evs[i].Phase] {
+			return &evs[i]
+		}
+	}
+	return nil
+}
+
+// Report is the first event of evs that announces the run's report
+// (report_ready), or nil.
+func Report(evs []Seen) *Seen {
+	for i := range evs {
+		if evs[i].Phase == events.ReportReady {
 			return &evs[i]
 		}
 	}
@@ -259,6 +283,32 @@ func WaitPhase(ctx context.Context, st *stack.Stack, runID string, limit time.Du
 	}
 	if last != nil {
 		return last, fmt.Errorf("run %s is %s (%s) after %s, want %v", runID, last.Phase, last.Reason, limit, want)
+	}
+	return nil, fmt.Errorf("run %s has no record after %s", runID, limit)
+}
+
+// WaitAnnounced polls the run record until the run has ended and every
+// announcement is out: its terminal event, then its report's (or the report
+// is known not to be written).
+func WaitAnnounced(ctx context.Context, st *stack.Stack, runID string, limit time.Duration) (*runs.Record, error) {
+	store := Runs(st)
+	deadline := time.Now().Add(limit)
+	var last *runs.Record
+	for time.Now().Before(deadline) {
+		r, err := store.Get(ctx, runID)
+		switch {
+		case err == nil:
+			last = r
+			if r.Phase.Terminal() && !r.Unannounced() {
+				return r, nil
+			}
+		case !errors.Is(err, runs.ErrNotFound):
+			return nil, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last != nil {
+		return last, fmt.Errorf("run %s is %s, published %v, after %s: not announced", runID, last.Phase, last.Published, limit)
 	}
 	return nil, fmt.Errorf("run %s has no record after %s", runID, limit)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/proof"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -290,6 +291,30 @@ func checkRun(t *testing.T, scenario, runID, cluster string, want outcome) {
 	} else {
 		noteAll(scenario, notes)
 	}
+	// Then the report, written after the terminal event, and its own event,
+	// exactly once however the deliveries died (a kill after the terminal
+	// event and before the report included), unless the report may not be
+	// written at all.
+	if rec != nil && rec.Phase != runs.Rejected {
+		if ann, err := probe.WaitAnnounced(ctx, st, runID, wait+recoveryBound); err != nil {
+			problems = append(problems, err.Error())
+		} else if ann.NoReport != "" {
+			report.Note(scenario, fmt.Sprintf("run %s has no report: %s", runID, ann.NoReport))
+		} else {
+			if seen, err = evs.WaitReport(runID, 40*time.Second, 3*time.Second); err != nil {
+				problems = append(problems, err.Error())
+			}
+			if n, notes := unexplainedCopies(seen, events.ReportReady); n > 0 {
+				dups += n
+				problems = append(problems, fmt.Sprintf("run %s: %d %s events", runID, probe.Count(seen, events.ReportReady), events.ReportReady))
+			} else {
+				noteAll(scenario, notes)
+			}
+			if e := probe.Report(seen); e != nil && (e.Report == "" || e.Report != ann.Report) {
+				problems = append(problems, fmt.Sprintf("run %s: %s event names report %q, the record %q", runID, events.ReportReady, e.Report, ann.Report))
+			}
+		}
+	}
 	if want.phase != runs.Rejected && probe.Count(seen, "accepted") == 0 {
 		// A message pulled on a stream that broke comes again once its ack
 		// deadline (30 s) passes: Pub/Sub delivers at least once, not in
@@ -359,6 +384,9 @@ var publishers = map[string][]string{
 	"succeeded": {"Finalize"},
 	"failed":    {"Finalize"},
 	"cancelled": {"Finalize"},
+	// The report's event follows the terminal one, from the same delivery
+	// or a later one.
+	events.ReportReady: {"Finalize"},
 }
 
 // killWindow is how far a kill may be from the arrival of the event it cut

@@ -19,6 +19,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -60,13 +61,25 @@ func crashLane(t *testing.T, fn string) {
 		case c := <-crashed:
 			after := "no terminal event"
 			if e := probe.Terminal(evs.Of(runID)); e != nil {
-				if d := e.At.Sub(c.At); d >= 0 {
+				switch d := e.At.Sub(c.At); {
+				case d >= 0:
 					after = fmt.Sprintf("terminal event %.1f s after the kill", d.Seconds())
-				} else {
+				case strings.Contains(c.After, runID):
+					// The run's own write after its terminal event: the
+					// report's step (the report, its record, its event).
+					after = fmt.Sprintf("terminal event %.1f s before the kill, which cut the report's step short", -d.Seconds())
+				default:
 					// Creates are matched by collection: the write was
 					// another lane's, after this run had ended.
 					after = fmt.Sprintf("the run ended %.1f s before the kill (the write was another run's create)", -d.Seconds())
 				}
+			}
+			if e := probe.Report(evs.Of(runID)); e != nil {
+				when := "after"
+				if e.At.Before(c.At) {
+					when = "before"
+				}
+				after += fmt.Sprintf("; %s event %.1f s %s the kill", events.ReportReady, e.At.Sub(c.At).Abs().Seconds(), when)
 			}
 			report.Note(scenario, fmt.Sprintf("killed after write %d: %s; %s", k, c.After, after))
 		default:

@@ -287,22 +287,23 @@ func byFunction(reqs []faults.Request) string {
 }
 
 // latency runs n runs, lanes at a time, each lane one run after another on
-// its own cluster, and measures upload → RayJob created and Ray job end →
-// terminal event.
+// its own cluster, and measures upload → RayJob created, Ray job end →
+// terminal event, and Ray job end → report ready (the report is rendered
+// after the terminal event, and announced by an event of its own).
 func (b *bench) latency(n, lanes int) error {
 	var mu sync.Mutex
-	var toJob, toEvent []float64
+	var toJob, toEvent, toReport []float64
 	var errs []error
 	var wg sync.WaitGroup
 	for lane := range lanes {
 		wg.Go(func() {
 			for i := lane; i < n; i += lanes {
-				created, ended, err := b.oneRun(fmt.Sprintf("lat-%d", i), fmt.Sprintf("bench-lat-%d", lane))
+				l, err := b.oneRun(fmt.Sprintf("lat-%d", i), fmt.Sprintf("bench-lat-%d", lane))
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
 				} else {
-					toJob, toEvent = append(toJob, created), append(toEvent, ended)
+					toJob, toEvent, toReport = append(toJob, l.toJob), append(toEvent, l.toEvent), append(toReport, l.toReport)
 				}
 				mu.Unlock()
 			}
@@ -316,35 +317,49 @@ func (b *bench) latency(n, lanes int) error {
 	b.add("latency", "upload → RayJob created, p50", percentile(toJob, 50), "s", 1, note)
 	b.add("latency", "upload → RayJob created, p95", percentile(toJob, 95), "s", -1, note)
 	b.add("latency", "upload → RayJob created, p99", percentile(toJob, 99), "s", 3, note)
-	b.add("latency", "Ray job end → terminal event, p50", percentile(toEvent, 50), "s", 5, note)
+	b.add("latency", "Ray job end → terminal event, p50", percentile(toEvent, 50), "s", -1, note)
 	b.add("latency", "Ray job end → terminal event, p95", percentile(toEvent, 95), "s", -1, note)
-	b.add("latency", "Ray job end → terminal event, p99", percentile(toEvent, 99), "s", -1, note)
+	b.add("latency", "Ray job end → terminal event, p99", percentile(toEvent, 99), "s", 1, note)
+	b.add("latency", "Ray job end → report ready, p50", percentile(toReport, 50), "s", -1, note)
+	b.add("latency", "Ray job end → report ready, p95", percentile(toReport, 95), "s", -1, note)
+	b.add("latency", "Ray job end → report ready, p99", percentile(toReport, 99), "s", -1, note)
 	return nil
 }
 
-// oneRun uploads one spec and returns the seconds from the upload to the
-// RayJob's creation and from the Ray job's end to the terminal event.
-func (b *bench) oneRun(name, cluster string) (float64, float64, error) {
+// runLatency is one run's latencies, in seconds.
+type runLatency struct {
+	toJob    float64 // the upload → the RayJob's creation
+	toEvent  float64 // the Ray job's end → the terminal event's arrival
+	toReport float64 // the Ray job's end → the report_ready event's arrival
+}
+
+// oneRun uploads one spec and measures its latencies.
+func (b *bench) oneRun(name, cluster string) (runLatency, error) {
+	var l runLatency
 	data, err := probe.Spec(b.spec, cluster, output, nil)
 	if err != nil {
-		return 0, 0, err
+		return l, err
 	}
 	runID, err := probe.Upload(b.ctx, b.st, name, data, "steps=2,step=200ms")
 	uploaded := time.Now()
 	if err != nil {
-		return 0, 0, err
+		return l, err
 	}
 	evs, err := b.evs.WaitTerminal(runID, 180*time.Second, 0)
 	if err != nil {
-		return 0, 0, err
+		return l, err
 	}
 	term := probe.Terminal(evs)
 	if term.Phase != "succeeded" {
-		return 0, 0, fmt.Errorf("run %s ended %s: %s", runID, term.Phase, term.Message)
+		return l, fmt.Errorf("run %s ended %s: %s", runID, term.Phase, term.Message)
 	}
+	if evs, err = b.evs.WaitReport(runID, 60*time.Second, 0); err != nil {
+		return l, err
+	}
+	rep := probe.Report(evs)
 	created := b.jobs.Of(runID)
 	if len(created) != 1 {
-		return 0, 0, fmt.Errorf("run %s: %d RayJobs", runID, len(created))
+		return l, fmt.Errorf("run %s: %d RayJobs", runID, len(created))
 	}
 	var ended time.Time
 	for _, r := range b.st.Sim.Played() {
@@ -353,9 +368,9 @@ func (b *bench) oneRun(name, cluster string) (float64, float64, error) {
 		}
 	}
 	if ended.IsZero() {
-		return 0, 0, fmt.Errorf("run %s: the simulator has no end time for its Ray job", runID)
+		return l, fmt.Errorf("run %s: the simulator has no end time for its Ray job", runID)
 	}
-	return created[0].At.Sub(uploaded).Seconds(), term.At.Sub(ended).Seconds(), nil
+	return runLatency{toJob: created[0].At.Sub(uploaded).Seconds(), toEvent: term.At.Sub(ended).Seconds(), toReport: rep.At.Sub(ended).Seconds()}, nil
 }
 
 // throughput uploads n specs at once over clusters clusters (named

@@ -179,14 +179,18 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, re
 	fmt.Printf("uploaded gs://%s/%s → run %s\n", stack.IntakeBucket, object, runID)
 
 	store := &runs.Store{Bucket: st.GCS.Bucket(stack.StateBucket)}
-	var final *events.Run
+	// The completion event, then the report's own event after it.
+	var final, reported *events.Run
 	lastPhase, lastStep := runs.Phase(""), int64(-1)
 	start := time.Now()
 	poll := time.NewTicker(300 * time.Millisecond)
 	defer poll.Stop()
-	for final == nil {
+	for final == nil || reported == nil {
 		select {
 		case <-ctx.Done():
+			if final != nil {
+				return fmt.Errorf("run %s ended %s, and no %s event came in time", runID, final.Phase, events.ReportReady)
+			}
 			return fmt.Errorf("run %s did not end in time (phase %s)", runID, lastPhase)
 		case m := <-evs:
 			e, err := events.FromPubSub(m.Attributes, m.Data)
@@ -196,10 +200,14 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, re
 			fmt.Printf("%6.1fs  event %s\n", time.Since(start).Seconds(), e.Type())
 			var d events.Run
 			_ = json.Unmarshal(e.Data(), &d)
-			if events.Terminal[d.Phase] {
+			switch {
+			case events.Terminal[d.Phase]:
 				final = &d
 				pretty, _ := json.MarshalIndent(d, "", "  ")
 				fmt.Printf("completion event %s (id %s):\n%s\n", e.Type(), e.ID(), pretty)
+			case d.Phase == events.ReportReady:
+				reported = &d
+				fmt.Printf("report ready: %s\n", d.Report)
 			}
 		case <-poll.C:
 			r, err := store.Get(ctx, runID)
@@ -232,7 +240,7 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, re
 		}
 		fmt.Printf("checkpoint %s (step %d, epoch %g): adapter present\n", c.URI, c.Step, c.Epoch)
 	}
-	if err := saveReport(ctx, st, final.Report, reportFile); err != nil {
+	if err := saveReport(ctx, st, reported.Report, reportFile); err != nil {
 		return err
 	}
 	kube, err := kubernetes.NewForConfig(st.Sim.Config)
@@ -256,7 +264,7 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, re
 	}
 }
 
-// saveReport copies the run's report, which the completion event names,
+// saveReport copies the run's report, which its report_ready event names,
 // from the bucket to file, to open in a browser.
 func saveReport(ctx context.Context, st *stack.Stack, uri, file string) error {
 	bucket, name, ok := strings.Cut(strings.TrimPrefix(uri, "gs://"), "/")
