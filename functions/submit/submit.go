@@ -68,6 +68,10 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		if changed && model != nil {
 			r.Model = model
 		}
+		// What the provisioned message says went out (Provision's accepted
+		// event), recorded in this write rather than waiting for Provision's
+		// own.
+		pipeline.RecordPublished(r, step.Published)
 		return err
 	})
 	if err != nil {

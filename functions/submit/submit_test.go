@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -215,4 +216,32 @@ func refuse(w *pipelinetest.World, n int, err error) {
 		n--
 		return true, nil, err
 	})
+}
+
+// TestSubmitRecordsWhatProvisionPublished: the provisioned message says
+// Provision's accepted event went out (Provision records it in a later
+// write of its own); Submit records it in its write, so a job that ends at
+// once does not meet the event's claim still held.
+func TestSubmitRecordsWhatProvisionPublished(t *testing.T) {
+	const id = "run-1"
+	w := pipelinetest.New(t)
+	w.NewRun(id, w.Spec(nil), runs.Provisioned, runs.Ending{})
+	if _, err := w.Deps.Runs.Update(w.Ctx, id, func(r *runs.Record) error {
+		r.Published = slices.DeleteFunc(r.Published, func(p runs.Phase) bool { return p == runs.Accepted })
+		r.Publishing = map[runs.Phase]time.Time{runs.Accepted: w.Now}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e := w.StepEvent(w.Deps.Config.Topics.Provisioned, pipeline.Step{RunID: id, Attempt: 1, Published: []runs.Phase{runs.Accepted}})
+	if err := (&Handler{Deps: w.Deps}).Handle(w.Ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	r := w.Record(id)
+	if r.Phase != runs.Submitted || !r.WasPublished(runs.Accepted) || len(r.Publishing) != 0 {
+		t.Errorf("record %s, published %v, claims %v; want SUBMITTED with accepted recorded and no claim", r.Phase, r.Published, r.Publishing)
+	}
+	if len(w.Events()) != 0 {
+		t.Errorf("submit published %v", w.Events())
+	}
 }

@@ -71,10 +71,13 @@ func (d *Deps) AdmitNew(ctx context.Context, rec *runs.Record) error {
 		return err
 	}
 	// The next step goes before the published mark: the mark is a second
-	// write of the record, which waits for the rest of the second.
+	// write of the record, which waits for the rest of the second, and
+	// Submit may write the record first. The message says what went out,
+	// and Submit records it in its own write, so a job that ends at once
+	// does not find the accepted event's claim still held.
 	var sent error
 	if start != nil {
-		sent = d.SendStart(ctx, rec.RunID, *start)
+		sent = d.SendStart(ctx, rec.RunID, *start, claimed...)
 	}
 	_, err := d.MarkPublished(ctx, rec.RunID, claimed)
 	return errors.Join(sent, err)

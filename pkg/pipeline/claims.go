@@ -266,15 +266,41 @@ func (d *Deps) MarkPublished(ctx context.Context, runID string, phases []runs.Ph
 
 // settle ends this delivery's claims in one write: the events of published
 // have gone out, those of released may be published by anyone.
+// A settlement another delivery has already recorded (the next step
+// records what the message that started it says went out) writes nothing.
 func (d *Deps) settle(ctx context.Context, runID string, published, released []runs.Phase) (*runs.Record, error) {
 	return d.Runs.Update(ctx, runID, func(cur *runs.Record) error {
-		for _, p := range published {
-			cur.MarkPublished(p)
-			delete(cur.Publishing, p)
-		}
-		for _, p := range released {
-			delete(cur.Publishing, p)
+		recorded := RecordPublished(cur, published)
+		if released := release(cur, released); !recorded && !released {
+			return runs.ErrNoChange
 		}
 		return nil
 	})
+}
+
+// RecordPublished records, in the record being written, that the events of
+// phases have gone out, ending their claims; it reports whether that
+// changed the record.
+func RecordPublished(r *runs.Record, phases []runs.Phase) bool {
+	changed := false
+	for _, p := range phases {
+		if _, claimed := r.Publishing[p]; claimed || !r.WasPublished(p) {
+			r.MarkPublished(p)
+			delete(r.Publishing, p)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// release gives up, in the record being written, the claims of phases.
+func release(r *runs.Record, phases []runs.Phase) bool {
+	changed := false
+	for _, p := range phases {
+		if _, ok := r.Publishing[p]; ok {
+			delete(r.Publishing, p)
+			changed = true
+		}
+	}
+	return changed
 }

@@ -66,14 +66,17 @@ func (s Start) Recorded(r *runs.Record) bool {
 	return r.Phase == runs.Provisioned && r.Attempt == s.Attempt
 }
 
-// SendStart sends a recorded start's provisioned message.
-func (d *Deps) SendStart(ctx context.Context, runID string, s Start) error {
+// SendStart sends a recorded start's provisioned message. published are
+// the events the sender has published and not yet recorded: Submit records
+// them in its own write of the record, so that no later step finds their
+// claims still held.
+func (d *Deps) SendStart(ctx context.Context, runID string, s Start, published ...runs.Phase) error {
 	if s.Check() {
 		d.Log.Info("data_check_started", "run_id", runID, "rayjob", s.RayJob)
 	} else {
 		d.Log.Info("attempt_started", "run_id", runID, "attempt", s.Attempt, "resume_from", s.ResumeFrom)
 	}
-	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: s.Attempt})
+	return d.Send(ctx, d.Config.Topics.Provisioned, Step{RunID: runID, Attempt: s.Attempt, Published: published})
 }
 
 // StartAttempt starts attempt n of the run (manifests.CheckAttempt for its
