@@ -265,32 +265,23 @@ func Runs(st *stack.Stack) *runs.Store {
 
 // WaitPhase polls the run record until it reaches one of want.
 func WaitPhase(ctx context.Context, st *stack.Stack, runID string, limit time.Duration, want ...runs.Phase) (*runs.Record, error) {
-	store := Runs(st)
-	deadline := time.Now().Add(limit)
-	var last *runs.Record
-	for time.Now().Before(deadline) {
-		r, err := store.Get(ctx, runID)
-		switch {
-		case err == nil:
-			last = r
-			if slices.Contains(want, r.Phase) {
-				return r, nil
-			}
-		case !errors.Is(err, runs.ErrNotFound):
-			return nil, err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if last != nil {
-		return last, fmt.Errorf("run %s is %s (%s) after %s, want %v", runID, last.Phase, last.Reason, limit, want)
-	}
-	return nil, fmt.Errorf("run %s has no record after %s", runID, limit)
+	return waitRecord(ctx, st, runID, limit, func(r *runs.Record) bool { return slices.Contains(want, r.Phase) },
+		func(r *runs.Record) string { return fmt.Sprintf("is %s (%s), want %v", r.Phase, r.Reason, want) })
 }
 
 // WaitAnnounced polls the run record until the run has ended and every
 // announcement is out: its terminal event, then its report's (or the report
 // is known not to be written).
 func WaitAnnounced(ctx context.Context, st *stack.Stack, runID string, limit time.Duration) (*runs.Record, error) {
+	return waitRecord(ctx, st, runID, limit, func(r *runs.Record) bool { return r.Phase.Terminal() && !r.Unannounced() },
+		func(r *runs.Record) string {
+			return fmt.Sprintf("is %s, published %v: not announced", r.Phase, r.Published)
+		})
+}
+
+// waitRecord polls the run record until done says it is done; on a miss,
+// the error says what the last record read was (missing).
+func waitRecord(ctx context.Context, st *stack.Stack, runID string, limit time.Duration, done func(*runs.Record) bool, missing func(*runs.Record) string) (*runs.Record, error) {
 	store := Runs(st)
 	deadline := time.Now().Add(limit)
 	var last *runs.Record
@@ -299,7 +290,7 @@ func WaitAnnounced(ctx context.Context, st *stack.Stack, runID string, limit tim
 		switch {
 		case err == nil:
 			last = r
-			if r.Phase.Terminal() && !r.Unannounced() {
+			if done(r) {
 				return r, nil
 			}
 		case !errors.Is(err, runs.ErrNotFound):
@@ -308,7 +299,7 @@ func WaitAnnounced(ctx context.Context, st *stack.Stack, runID string, limit tim
 		time.Sleep(200 * time.Millisecond)
 	}
 	if last != nil {
-		return last, fmt.Errorf("run %s is %s, published %v, after %s: not announced", runID, last.Phase, last.Published, limit)
+		return last, fmt.Errorf("run %s after %s: %s", runID, limit, missing(last))
 	}
 	return nil, fmt.Errorf("run %s has no record after %s", runID, limit)
 }
