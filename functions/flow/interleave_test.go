@@ -192,7 +192,16 @@ func (c *chaos) play(n int) {
 func (c *chaos) settle() {
 	c.faults = false
 	c.step("faults stop")
-	for round := 0; round < 30; round++ {
+	// The runs share one cluster, so they end one after another, a few
+	// rounds each (admitted, submitted, a trial's checkpoint midway,
+	// ended): the bound grows with the runs and trials there are.
+	work := len(c.specs)
+	for _, id := range c.sweeps {
+		if sw, err := c.rawSweeps().Get(c.ctx, id); err == nil {
+			work += len(sw.Trials)
+		}
+	}
+	for round := 0; round < max(30, 3*work); round++ {
 		// Every message in flight is delivered; one that fails comes back
 		// in the next round, after the clock moved (Pub/Sub's back-off),
 		// so a claim its crashed delivery left can expire.
