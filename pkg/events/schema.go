@@ -3,6 +3,8 @@ package events
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -247,14 +249,7 @@ func reasonSchema() map[string]any {
 }
 
 // terminalEvents are the terminal phases' events, sorted.
-func terminalEvents() []string {
-	out := make([]string, 0, len(Terminal))
-	for e := range Terminal {
-		out = append(out, e)
-	}
-	sort.Strings(out)
-	return out
-}
+func terminalEvents() []string { return slices.Sorted(maps.Keys(Terminal)) }
 
 func numberMap() map[string]any {
 	return map[string]any{"type": "object", "additionalProperties": map[string]any{"type": "number"}}
