@@ -114,14 +114,7 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 	ended := false
 	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		owed, held, ended = nil, false, false
-		changed := false
-		for _, p := range published {
-			if !r.WasPublished(p) {
-				r.MarkPublished(p)
-				delete(r.Publishing, p)
-				changed = true
-			}
-		}
+		changed := pipeline.RecordPublished(r, published)
 		if r.Phase == runs.Finishing && res != nil {
 			if err := r.MarkEnded(res, unreadable, now); err != nil {
 				return err
