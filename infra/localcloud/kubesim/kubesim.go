@@ -212,6 +212,9 @@ type Sim struct {
 	cancel     context.CancelFunc
 	mgrDone    chan error
 	dash       *dashboard
+	dir        string // the kubelets' certificates and the containers' logs
+	logs       *containerLogs
+	kubeletSrv *kubeletServer
 
 	stopOnce sync.Once
 	stopErr  error
@@ -269,6 +272,16 @@ func (s *Sim) Stop() error {
 		if s.env != nil {
 			if err := s.env.Stop(); err != nil {
 				errs = append(errs, fmt.Errorf("stop kube-apiserver and etcd: %w", err))
+			}
+		}
+		if s.kubeletSrv != nil {
+			if err := s.kubeletSrv.stop(); err != nil {
+				errs = append(errs, fmt.Errorf("stop the kubelet endpoint: %w", err))
+			}
+		}
+		if s.dir != "" {
+			if err := os.RemoveAll(s.dir); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		s.stopErr = errors.Join(errs...)

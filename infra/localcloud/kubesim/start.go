@@ -142,6 +142,16 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 	etcd.Configure().Set("initial-cluster", fmt.Sprintf("default=http://127.0.0.1:%d", peerPort))
 	api := env.ControlPlane.GetAPIServer()
 	api.Address = "127.0.0.1"
+	// The kubelets' certificates and the containers' logs live in a folder
+	// of the simulator's, removed by Stop.
+	if s.dir, err = os.MkdirTemp("", "kubesim-"); err != nil {
+		return nil, fmt.Errorf("kubesim: %w", err)
+	}
+	pki, err := newKubeletPKI(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	pki.configure(api)
 	t0 := time.Now()
 	cfg, err := env.Start()
 	if err != nil {
@@ -213,8 +223,16 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 	}, clientProvider{s.dash}).SetupWithManager(mgr, config.ReconcileConcurrency); err != nil {
 		return nil, fmt.Errorf("kubesim: RayJob controller: %w", err)
 	}
+	s.logs = newContainerLogs(filepath.Join(s.dir, "pods"))
+	if s.kubeletSrv, err = startKubeletServer(pki, mgr.GetClient(), s.logs, o.Log.With("component", "kubelet")); err != nil {
+		return nil, err
+	}
+	nodes := &nodes{Client: mgr.GetClient(), port: s.kubeletSrv.port, log: o.Log}
+	if err := mgr.Add(nodes); err != nil {
+		return nil, fmt.Errorf("kubesim: nodes: %w", err)
+	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("kubelet").For(&corev1.Pod{}).
-		Complete(&kubelet{Client: mgr.GetClient(), sim: s}); err != nil {
+		Complete(&kubelet{Client: mgr.GetClient(), sim: s, nodes: nodes, logs: s.logs}); err != nil {
 		return nil, fmt.Errorf("kubesim: kubelet: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("job-controller").For(&batchv1.Job{}).
