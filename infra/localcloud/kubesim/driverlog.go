@@ -18,8 +18,9 @@ const workerPrefix = "(RayTrainWorker pid=4242, ip=10.244.0.2) "
 // its own (the lines are the trainer's: train.py's "raydrop: …", worker.py's
 // logging, and transformers' PrinterCallback's dict of each logging step).
 func (t *trainer) logf(format string, args ...any) {
-	fmt.Fprintf(&t.driverLog, format, args...)
-	t.driverLog.WriteByte('\n')
+	line := fmt.Sprintf(format, args...)
+	t.driverLog.WriteString(line + "\n")
+	t.p.say(line)
 }
 
 // workerf adds a worker's logging line, forwarded by Ray.

@@ -19,7 +19,7 @@ const gcPeriod = 500 * time.Millisecond
 
 // collector is the garbage collector for what KubeRay creates: Pods and
 // Services owned by a RayCluster, submitter Jobs and RayClusters owned by
-// a RayJob. An object whose controlling owner no longer exists (or was
+// a RayJob, and the submitter Jobs' Pods. An object whose controlling owner no longer exists (or was
 // replaced by one of the same name) is deleted in the background.
 type collector struct {
 	cache  client.Reader // candidates
@@ -58,7 +58,7 @@ func (g *collector) sweep(ctx context.Context) {
 				continue
 			}
 			ref := metav1.GetControllerOfNoCopy(obj)
-			if ref == nil || ref.APIVersion != rayv1.GroupVersion.String() || (ref.Kind != "RayCluster" && ref.Kind != "RayJob") {
+			if ref == nil || ownerKind(ref) == nil {
 				continue
 			}
 			if g.ownerExists(ctx, obj.GetNamespace(), ref) {
@@ -77,10 +77,7 @@ func (g *collector) sweep(ctx context.Context) {
 // up in the API server before its objects go.
 func (g *collector) ownerExists(ctx context.Context, ns string, ref *metav1.OwnerReference) bool {
 	for _, r := range []client.Reader{g.cache, g.api} {
-		var owner client.Object = &rayv1.RayCluster{}
-		if ref.Kind == "RayJob" {
-			owner = &rayv1.RayJob{}
-		}
+		owner := ownerKind(ref)
 		err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, owner)
 		switch {
 		case err == nil && owner.GetUID() == ref.UID:
@@ -90,6 +87,20 @@ func (g *collector) ownerExists(ctx context.Context, ns string, ref *metav1.Owne
 		}
 	}
 	return false
+}
+
+// ownerKind is an empty object of the owner's kind, for the kinds whose
+// dependents are collected; nil for others.
+func ownerKind(ref *metav1.OwnerReference) client.Object {
+	switch {
+	case ref.APIVersion == rayv1.GroupVersion.String() && ref.Kind == "RayCluster":
+		return &rayv1.RayCluster{}
+	case ref.APIVersion == rayv1.GroupVersion.String() && ref.Kind == "RayJob":
+		return &rayv1.RayJob{}
+	case ref.APIVersion == batchv1.SchemeGroupVersion.String() && ref.Kind == "Job":
+		return &batchv1.Job{}
+	}
+	return nil
 }
 
 func ptrUID(u types.UID) *types.UID { return &u }

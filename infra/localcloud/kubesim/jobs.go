@@ -2,6 +2,7 @@ package kubesim
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
@@ -30,9 +31,18 @@ const jobPoll = 200 * time.Millisecond
 //     would make it report SubmissionFailed instead of AppFailed;
 //   - head lost: the log stream closes and the command exits 0, the Job is
 //     Complete (what KubeRay v1.5.0 users see after a head restart).
+//
+// Its pod is created as the Job controller creates it (one pod plays every
+// try of the backoff limit) and run by the kubelet stand-in; its log holds
+// what `ray job submit` prints: the submission, the driver's output as the
+// play writes it, then the job's end (submitter.go).
 type jobController struct {
 	client.Client
 	dash *dashboard
+	logs *containerLogs
+
+	mu   sync.Mutex
+	subs map[types.UID]*submitter
 }
 
 func jobFinished(j *batchv1.Job) bool {
@@ -68,6 +78,10 @@ func (c *jobController) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if p == nil {
 		return ctrl.Result{}, nil // shutting down
 	}
+	sub, err := c.submitterPod(ctx, job)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	now := metav1.Now()
 	if job.Status.StartTime == nil {
 		job.Status.StartTime = &now
@@ -84,11 +98,14 @@ func (c *jobController) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			rj := &rayv1.RayJob{}
 			err := c.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: owner.Name}, rj)
 			if err == nil && rj.UID == owner.UID && !rayv1.IsJobTerminal(rj.Status.JobStatus) && rj.DeletionTimestamp == nil {
-				return ctrl.Result{RequeueAfter: jobPoll}, nil
+				return ctrl.Result{RequeueAfter: jobPoll}, c.tail(ctx, job, sub, p)
 			}
 		}
 	default:
-		return ctrl.Result{RequeueAfter: jobPoll}, nil
+		return ctrl.Result{RequeueAfter: jobPoll}, c.tail(ctx, job, sub, p)
+	}
+	if done, err := c.exit(ctx, job, sub, p); err != nil || !done {
+		return ctrl.Result{RequeueAfter: jobPoll}, err
 	}
 
 	cond := func(t batchv1.JobConditionType, reason, msg string) batchv1.JobCondition {

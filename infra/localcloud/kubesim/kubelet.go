@@ -114,6 +114,11 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	k.started(ctx, pod, scheduled, now)
+	if isRayNode(pod) && len(ids) > 0 {
+		if err := k.logs.write(ids[0], "stderr", rayStartOutput(pod, ip, now.Time)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	return ctrl.Result{}, nil
 }
 

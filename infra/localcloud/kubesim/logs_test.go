@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/manifests"
@@ -96,6 +97,31 @@ func TestPodLogs(t *testing.T) {
 		t.Errorf("pod %s: hostIP %q, containers %+v", pod.Name, pod.Status.HostIP, pod.Status.ContainerStatuses)
 	}
 
+	// What `ray start --block` printed.
+	if got := podLog(t, cs, pod.Name, ""); !strings.Contains(got, "Ray runtime started.") || !strings.Contains(got, "Local node IP: "+pod.Status.PodIP) {
+		t.Errorf("worker %s's log does not show ray start: %q", pod.Name, got)
+	}
+	heads := listPods(t, "sim-logs", "head")
+	if len(heads) != 1 {
+		t.Fatalf("%d head pods", len(heads))
+	}
+	if got := podLog(t, cs, heads[0].Name, ""); !strings.Contains(got, "ray start --address='"+heads[0].Status.PodIP+":6379'") || !strings.Contains(got, "This command will now block forever") {
+		t.Errorf("head %s's log does not show ray start --head: %q", heads[0].Name, got)
+	}
+	// The submitter pod's log: the submission, the driver's output, the end.
+	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusComplete, 60*time.Second)
+	sub := submitterPod(t, rj.Name)
+	id := "raydrop-sim-logs-0001-1"
+	log := podLog(t, cs, sub.Name, "")
+	for _, want := range []string{"Job '" + id + "' submitted successfully", "Tailing logs until the job exits", "raydrop: run sim-logs-0001", "Job '" + id + "' succeeded"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("submitter %s's log has no %q:\n%s", sub.Name, want, log)
+		}
+	}
+	if sub.Status.Phase != corev1.PodSucceeded || sub.Status.ContainerStatuses[0].State.Terminated == nil || sub.Status.ContainerStatuses[0].State.Terminated.ExitCode != 0 {
+		t.Errorf("submitter %s: phase %s, containers %+v; want Succeeded, exit 0", sub.Name, sub.Status.Phase, sub.Status.ContainerStatuses)
+	}
+
 	container := pod.Spec.Containers[0].Name
 	logs := func(o corev1.PodLogOptions) string {
 		t.Helper()
@@ -117,13 +143,13 @@ func TestPodLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n") + "\na warning\n"
-	if got := logs(corev1.PodLogOptions{}); got != all {
+	if got := logs(corev1.PodLogOptions{}); !strings.HasSuffix(got, "--block\n"+all) && !strings.Contains(got, "\n"+all) {
 		t.Errorf("whole log %q, want %q", got, all)
 	}
 	if got, want := logs(corev1.PodLogOptions{TailLines: ptr.To[int64](2)}), "step 5 of 5\na warning\n"; got != want {
 		t.Errorf("tailLines=2: %q, want %q", got, want)
 	}
-	if got, want := logs(corev1.PodLogOptions{LimitBytes: ptr.To[int64](10)}), all[:10]; got != want {
+	if got, want := logs(corev1.PodLogOptions{LimitBytes: ptr.To[int64](10)}), podLog(t, cs, pod.Name, "")[:10]; got != want {
 		t.Errorf("limitBytes=10: %q, want %q", got, want)
 	}
 	for _, l := range strings.Split(strings.TrimSpace(logs(corev1.PodLogOptions{Timestamps: true})), "\n") {
@@ -179,8 +205,8 @@ func TestPodLogs(t *testing.T) {
 	if got := logs(corev1.PodLogOptions{}); got != "after the restart\n" {
 		t.Errorf("log after the restart %q, want only what the new instance wrote", got)
 	}
-	if got := logs(corev1.PodLogOptions{Previous: true}); got != all+"followed\n" {
-		t.Errorf("previous=true: %q, want %q", got, all+"followed\n")
+	if got := logs(corev1.PodLogOptions{Previous: true}); !strings.HasSuffix(got, all+"followed\n") || !strings.Contains(got, "Ray runtime started.") {
+		t.Errorf("previous=true: %q, want ray start's lines then %q", got, all+"followed\n")
 	}
 
 	// A bound pod, deleted, is ended by its kubelet: it goes, and so does
@@ -193,7 +219,59 @@ func TestPodLogs(t *testing.T) {
 		_, nerr := cs.CoreV1().Nodes().Get(ctx, node.Name, metaGet)
 		return apierrors.IsNotFound(perr) && apierrors.IsNotFound(nerr), fmt.Errorf("pod: %w, node: %w", perr, nerr)
 	})
-	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusComplete, 60*time.Second)
+}
+
+// TestSubmitterLogOfAFailedJob: the submitter of a job that fails prints
+// Ray's error box and the status message, and exits 1.
+func TestSubmitterLogOfAFailedJob(t *testing.T) {
+	t.Parallel()
+	cs, err := kubernetes.NewForConfig(sim.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := exampleSpec(t, "sim-sublog")
+	createCluster(t, s)
+	rj := submit(t, s, manifests.Run{ID: "sim-sublog-0001", Attempt: 1, SpecHash: s.Hash()}, kubesim.Scenario{Outcome: kubesim.Fail, At: 2})
+	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusFailed, 60*time.Second)
+	var sub corev1.Pod
+	waitFor(t, "the submitter pod ended", 20*time.Second, func() (bool, error) {
+		sub = submitterPod(t, rj.Name)
+		return sub.Status.Phase == corev1.PodFailed, nil
+	})
+	id := "raydrop-sim-sublog-0001-1"
+	log := podLog(t, cs, sub.Name, "")
+	for _, want := range []string{"Job '" + id + "' submitted successfully", "RuntimeError: simulated training failure at step 2", "ERR cli.py:72 -- Job '" + id + "' failed", "Status message: Job entrypoint command failed with exit code 1"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("submitter %s's log has no %q:\n%s", sub.Name, want, log)
+		}
+	}
+	if term := sub.Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 1 || term.Reason != "Error" {
+		t.Errorf("submitter %s's container: %+v, want exit 1 (Error)", sub.Name, sub.Status.ContainerStatuses[0].State)
+	}
+}
+
+// submitterPod is the pod of the RayJob's submitter Job.
+func submitterPod(t *testing.T, job string) corev1.Pod {
+	t.Helper()
+	pods := &corev1.PodList{}
+	if err := k8s.List(context.Background(), pods, client.InNamespace("default"), client.MatchingLabels{"batch.kubernetes.io/job-name": job}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 {
+		t.Fatalf("%d pods of submitter Job %s, want 1", len(pods.Items), job)
+	}
+	return pods.Items[0]
+}
+
+// podLog is a pod's container's log through the API server (container ""
+// for its only or first one).
+func podLog(t *testing.T, cs kubernetes.Interface, pod, container string) string {
+	t.Helper()
+	b, err := cs.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("logs of %s: %v", pod, err)
+	}
+	return string(b)
 }
 
 var (

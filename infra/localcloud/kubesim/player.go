@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,9 @@ type play struct {
 	mu      sync.Mutex
 	rec     JobRecord
 	failMsg string
+	// out is the driver's output so far, a line each: what `ray job
+	// submit` tails into the submitter pod's log.
+	out []string
 }
 
 var rayJobSeq struct {
@@ -81,6 +85,23 @@ func (p *play) update(f func(r *JobRecord)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	f(&p.rec)
+}
+
+// say adds a line to the driver's output.
+func (p *play) say(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.out = append(p.out, line)
+}
+
+// outputFrom is the driver's output from line n on.
+func (p *play) outputFrom(n int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n >= len(p.out) {
+		return nil
+	}
+	return slices.Clone(p.out[n:])
 }
 
 func (p *play) failMessage() string {
@@ -416,6 +437,11 @@ func (t *trainer) fail(ctx context.Context, errText string, step int) (rayv1.Job
 		return "", ""
 	}
 	t.p.log().Info("Ray job fails", "step", step, "err", errText)
+	// Ray Tune's controller logs the trial's failure on the driver with the
+	// worker's traceback (ray/tune/execution/tune_controller.py,
+	// _process_trial_failure), then the driver raises TrainingFailedError.
+	_, body, _ := strings.Cut(t.errorTxt(errText), "\n")
+	t.logf("%s\tERROR tune_controller.py:1331 -- Trial task failed for trial TorchTrainer_%s\nTraceback (most recent call last):\n%s", rayTime(time.Now()), t.trialID, strings.TrimSuffix(body, "\n"))
 	_ = t.st.put(ctx, t.a.bucket, t.trial+"/error.txt", []byte(t.errorTxt(errText)))
 	_ = t.writeExperimentState(ctx, "ERROR")
 	if err := t.writeMark(ctx, "failed", errText); err != nil && ctx.Err() != nil {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
@@ -236,7 +237,7 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 		return nil, fmt.Errorf("kubesim: kubelet: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("job-controller").For(&batchv1.Job{}).
-		Complete(&jobController{Client: mgr.GetClient(), dash: s.dash}); err != nil {
+		Complete(&jobController{Client: mgr.GetClient(), dash: s.dash, logs: s.logs, subs: map[types.UID]*submitter{}}); err != nil {
 		return nil, fmt.Errorf("kubesim: job controller: %w", err)
 	}
 	if err := mgr.Add(&collector{cache: mgr.GetClient(), api: mgr.GetAPIReader(), writer: mgr.GetClient(), log: o.Log}); err != nil {
