@@ -44,7 +44,7 @@ func commands() []command {
 		{"watch", "RUN", "follow a run to its end with its training progress; exit 0 only on success", runWatch},
 		{"cancel", "RUN", "cancel a run: its RayJob is deleted and the workers go to zero", runCancel},
 		{"migrate-state", "", "copy run records and cluster leases from the intake bucket to the state bucket (once, after upgrading a deployment made before the state bucket)", runMigrateState},
-		{"logs", "RUN [--attempt N] [--follow]", "print the Ray job's driver log of the run's current attempt (or --attempt N), kept beside the run; --follow prints new lines until the attempt ends", runLogs},
+		{"logs", "RUN [--attempt N] [--follow] | RUN --pod POD [--container C] [--previous] [--tail N] [--follow]", "print the Ray job's driver log of the run's current attempt (or --attempt N), kept beside the run; --follow prints new lines until the attempt ends. With --pod, a live pod's container log through the Kubernetes API server (one of the run's Ray pods or its submitter)", runLogs},
 		{"report", "RUN [-o FILE]", "print where the run's report is (one HTML page: curves, timeline, checkpoints, samples, cost), or write it to FILE", runReport},
 		{"events", "[--json] [--run ID] [--type PHASE] [--count N]", "follow the public event topic and print each event (--json: structured CloudEvents)", runEvents},
 		{"dev", "", "start the local cloud and keep it up (from a raydrop checkout)", runDev},

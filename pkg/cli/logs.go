@@ -22,6 +22,12 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	attempt := fs.Int("attempt", 0, "the attempt (default: the run's current one)")
 	follow := fs.Bool("follow", false, "keep printing new lines until the attempt ends")
 	interval := fs.Duration("interval", 2*time.Second, "how often --follow looks for new lines")
+	var po podLogOptions
+	fs.StringVar(&po.pod, "pod", "", "print a live pod's container log instead, read through the Kubernetes API server: one of the run's Ray pods or its submitter")
+	fs.StringVar(&po.container, "container", "", "with --pod: the container (default: the pod's only or first one)")
+	fs.BoolVar(&po.previous, "previous", false, "with --pod: the container's previous instance, before it restarted")
+	fs.Int64Var(&po.tail, "tail", -1, "with --pod: only the last N lines")
+	fs.StringVar(&po.kubeconfig, "kubeconfig", "", "with --pod: the cluster's kubeconfig (default: $KUBECONFIG, then ~/.kube/config)")
 	st, r, done, code, ok := oneRun(ctx, e, "logs", fs, t, args)
 	if !ok {
 		return code
@@ -30,6 +36,18 @@ func runLogs(ctx context.Context, e *env, args []string) int {
 	if *interval <= 0 {
 		fmt.Fprintln(e.stderr, "raydrop logs: --interval must be positive")
 		return ExitUsage
+	}
+	if po.pod == "" && (po.container != "" || po.previous || po.tail >= 0 || po.kubeconfig != "") {
+		fmt.Fprintln(e.stderr, "raydrop logs: --container, --previous, --tail and --kubeconfig go with --pod")
+		return ExitUsage
+	}
+	if po.pod != "" {
+		if *attempt != 0 {
+			fmt.Fprintln(e.stderr, "raydrop logs: --attempt is for the driver's log; --pod reads a live pod")
+			return ExitUsage
+		}
+		po.follow = *follow
+		return runPodLogs(ctx, e, r, po)
 	}
 	n := *attempt
 	if n == 0 {

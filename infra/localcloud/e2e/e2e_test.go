@@ -658,6 +658,22 @@ func TestCLI(t *testing.T) {
 	if code, _, errOut := raydrop("logs", runID, "--attempt", "2"); code != 1 || !strings.Contains(errOut, "has attempts 1 to 1, not 2") {
 		t.Errorf("logs --attempt 2 of a one-attempt run: exit %d %s", code, errOut)
 	}
+	// A live pod's log, through the API server and the kubelet: the head's
+	// ray start.
+	heads, err := kube.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "ray.io/node-type=head,ray.io/cluster=e2e-cli"})
+	if err != nil || len(heads.Items) != 1 {
+		t.Fatalf("head pods of e2e-cli: %v, %v", heads, err)
+	}
+	head := heads.Items[0].Name
+	if code, out, errOut := raydrop("logs", runID, "--pod", head, "--tail", "3"); code != 0 || !strings.Contains(out, "This command will now block forever") || strings.Count(out, "\n") != 3 {
+		t.Errorf("logs --pod %s --tail 3: exit %d %s\n%s", head, code, errOut, out)
+	}
+	if code, _, errOut := raydrop("logs", runID, "--pod", "not-a-pod"); code != 1 || !strings.Contains(errOut, "is not one of run "+runID+"'s pods") || !strings.Contains(errOut, head) {
+		t.Errorf("logs --pod not-a-pod: exit %d %s", code, errOut)
+	}
+	if code, _, errOut := raydrop("logs", runID, "--container", "ray-head"); code != 2 || !strings.Contains(errOut, "go with --pod") {
+		t.Errorf("logs --container without --pod: exit %d %s", code, errOut)
+	}
 	// The report: where it is, and the page itself.
 	if code, out, errOut := raydrop("report", runID); code != 0 || strings.TrimSpace(out) != rec.Report || rec.Report == "" {
 		t.Errorf("report: exit %d, %q (record: %q) %s", code, out, rec.Report, errOut)

@@ -32,7 +32,14 @@ type containerLogs struct {
 	internalapi.RuntimeService
 
 	dir string
-	mu  sync.Mutex
+	// maxSize and maxFiles bound each instance's log as the kubelet's
+	// rotation does (containerLogMaxSize, containerLogMaxFiles: 10 MiB and
+	// 5 by default): a file past maxSize is renamed aside and a new one
+	// begun; the oldest beyond maxFiles (the current one counted) go.
+	// The kubelet's reader reads the current file only.
+	maxSize  int64
+	maxFiles int
+	mu       sync.Mutex
 	// byID is each container instance's file, by its containerID as the
 	// pod's status gives it (containerd://<64 hex>).
 	byID map[string]*containerLog
@@ -41,10 +48,11 @@ type containerLogs struct {
 type containerLog struct {
 	path    string
 	running bool
+	rotated []string // the files renamed aside, oldest first
 }
 
 func newContainerLogs(dir string) *containerLogs {
-	return &containerLogs{dir: dir, byID: map[string]*containerLog{}}
+	return &containerLogs{dir: dir, byID: map[string]*containerLog{}, maxSize: 10 << 20, maxFiles: 5}
 }
 
 // start begins a container instance: its ID and an empty log file.
@@ -101,7 +109,37 @@ func (c *containerLogs) write(id, stream, text string) error {
 		_ = f.Close()
 		return fmt.Errorf("kubesim: container log: %w", err)
 	}
-	return f.Close()
+	st, err := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("kubesim: container log: %w", err)
+	}
+	if st.Size() > c.maxSize {
+		return c.rotate(l)
+	}
+	return nil
+}
+
+// rotate renames the instance's log aside, as <path>.<time>, begins an
+// empty one, and removes the oldest files beyond maxFiles.
+func (c *containerLogs) rotate(l *containerLog) error {
+	aside := l.path + "." + time.Now().UTC().Format("20060102-150405.000000000")
+	if err := os.Rename(l.path, aside); err != nil {
+		return fmt.Errorf("kubesim: rotate container log: %w", err)
+	}
+	if err := os.WriteFile(l.path, nil, 0o644); err != nil {
+		return fmt.Errorf("kubesim: rotate container log: %w", err)
+	}
+	l.rotated = append(l.rotated, aside)
+	for len(l.rotated) > c.maxFiles-1 {
+		if err := os.Remove(l.rotated[0]); err != nil {
+			return fmt.Errorf("kubesim: rotate container log: %w", err)
+		}
+		l.rotated = l.rotated[1:]
+	}
+	return nil
 }
 
 // path is the log file of a container instance.

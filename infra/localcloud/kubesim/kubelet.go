@@ -61,6 +61,10 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		// The bound pod comes back through the watch.
 		return ctrl.Result{}, client.IgnoreNotFound(k.nodes.bind(ctx, pod, node))
 	}
+	if k.imageMissing(ctx, pod) {
+		wait, err := k.imagePull(ctx, pod)
+		return ctrl.Result{RequeueAfter: wait}, client.IgnoreNotFound(err)
+	}
 	now := metav1.Now()
 	scheduled, pulling := k.pulling(ctx, pod, now)
 	if pulling > 0 {
@@ -107,6 +111,14 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
+	// What `ray start` prints is in the log before the pod is seen running,
+	// as a real container's first lines are by the time its readiness
+	// probe passes.
+	if isRayNode(pod) && len(ids) > 0 {
+		if err := k.logs.write(ids[0], "stderr", rayStartOutput(pod, ip, now.Time)); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if err := k.Status().Update(ctx, pod); err != nil {
 		for _, id := range ids {
 			k.logs.stop(id) // never ran: the next try starts others
@@ -114,12 +126,17 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	k.started(ctx, pod, scheduled, now)
-	if isRayNode(pod) && len(ids) > 0 {
-		if err := k.logs.write(ids[0], "stderr", rayStartOutput(pod, ip, now.Time)); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
 	return ctrl.Result{}, nil
+}
+
+// imageMissing reports whether a worker pod's image cannot be pulled: its
+// job's scenario is image-pull.
+func (k *kubelet) imageMissing(ctx context.Context, pod *corev1.Pod) bool {
+	if pod.Labels[utils.RayNodeTypeLabelKey] != string(rayv1.WorkerNode) || k.sim == nil {
+		return false
+	}
+	job := k.activeJob(ctx, pod)
+	return job != nil && k.scenario(ctx, job).Outcome == ImagePull
 }
 
 // nodeIP is every simulated node's InternalIP: where the API server finds
@@ -175,16 +192,9 @@ func (k *kubelet) started(ctx context.Context, pod *corev1.Pod, scheduled, now m
 	}
 }
 
-// event records one Event about pod, as its source would.
+// event records one Normal Event about pod, as its source would.
 func (k *kubelet) event(ctx context.Context, pod *corev1.Pod, source, reason, format string, args ...any) {
-	now := metav1.NewTime(time.Now())
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{Namespace: pod.Namespace, GenerateName: pod.Name + "."},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
-		Reason:         reason, Message: fmt.Sprintf(format, args...), Type: corev1.EventTypeNormal,
-		Source: corev1.EventSource{Component: source}, FirstTimestamp: now, LastTimestamp: now, Count: 1,
-	}
-	_ = k.Create(ctx, ev) // as the kubelet's: an event lost is no failure
+	k.sim.event(ctx, pod, source, corev1.EventTypeNormal, reason, format, args...)
 }
 
 // pulling plays the time a worker pod takes from its node to its running

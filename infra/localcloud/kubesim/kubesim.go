@@ -138,6 +138,9 @@ type Scenario struct {
 	// PreemptAs is how each attempt in PreemptAt loses its node: Preempt
 	// (the default: the save on notice ends), Reclaim or ReclaimInSave.
 	PreemptAs Outcome
+	// Rank is the rank that fails in cuda-oom, nccl-timeout, oom-killed
+	// and host-oom (nil: the last).
+	Rank *int `json:"rank,omitempty"`
 	// DroppedRows is how many of the dataset's rows are longer than
 	// --max-seq-length (default 0). The dataset has one epoch's samples plus
 	// these; above --max-dropped-share the job fails before training, with

@@ -19,6 +19,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/spec"
 )
 
 // TestPodLogs reads containers' output the way production reads it: client-go
@@ -30,15 +31,10 @@ import (
 func TestPodLogs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(sim.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := exampleSpec(t, "sim-logs")
-	createCluster(t, s)
+	cs := clientset(t)
 	sc := kubesim.DefaultScenario()
 	sc.Pull = 3 * time.Second
-	rj := submit(t, s, manifests.Run{ID: "sim-logs-0001", Attempt: 1, SpecHash: s.Hash()}, sc)
+	s, rj := startJob(t, "sim-logs", sc)
 
 	// While a worker's image is pulled, its container waits: the kubelet
 	// answers 400 and the API server relays it.
@@ -225,13 +221,8 @@ func TestPodLogs(t *testing.T) {
 // Ray's error box and the status message, and exits 1.
 func TestSubmitterLogOfAFailedJob(t *testing.T) {
 	t.Parallel()
-	cs, err := kubernetes.NewForConfig(sim.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := exampleSpec(t, "sim-sublog")
-	createCluster(t, s)
-	rj := submit(t, s, manifests.Run{ID: "sim-sublog-0001", Attempt: 1, SpecHash: s.Hash()}, kubesim.Scenario{Outcome: kubesim.Fail, At: 2})
+	cs := clientset(t)
+	_, rj := startJob(t, "sim-sublog", kubesim.Scenario{Outcome: kubesim.Fail, At: 2})
 	rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusFailed, 60*time.Second)
 	var sub corev1.Pod
 	waitFor(t, "the submitter pod ended", 20*time.Second, func() (bool, error) {
@@ -248,6 +239,25 @@ func TestSubmitterLogOfAFailedJob(t *testing.T) {
 	if term := sub.Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 1 || term.Reason != "Error" {
 		t.Errorf("submitter %s's container: %+v, want exit 1 (Error)", sub.Name, sub.Status.ContainerStatuses[0].State)
 	}
+}
+
+// clientset reaches the simulator's API server as client-go does.
+func clientset(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(sim.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// startJob creates the example's cluster named cluster and submits run
+// <cluster>-0001's first attempt on it, played as sc.
+func startJob(t *testing.T, cluster string, sc kubesim.Scenario) (*spec.JobSpec, *rayv1.RayJob) {
+	t.Helper()
+	s := exampleSpec(t, cluster)
+	createCluster(t, s)
+	return s, submit(t, s, manifests.Run{ID: cluster + "-0001", Attempt: 1, SpecHash: s.Hash()}, sc)
 }
 
 // submitterPod is the pod of the RayJob's submitter Job.

@@ -374,6 +374,8 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 				return t.preempted(ctx, step, total)
 			case Reclaim, ReclaimInSave:
 				return t.reclaimed(ctx, step, total, sc.Outcome == ReclaimInSave)
+			case CudaOOM, NcclTimeout, HostOOM, OOMKilled:
+				return t.rankFailure(ctx, step)
 			case Hang:
 				t.p.log().Info("Ray job hangs", "step", step)
 				select {

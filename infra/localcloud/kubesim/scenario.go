@@ -42,6 +42,15 @@ func ParseScenario(text string) (Scenario, error) {
 		switch k {
 		case "outcome":
 			sc.Outcome = Outcome(v)
+			if ok, allowed := knownOutcome(sc.Outcome); !ok {
+				err = fmt.Errorf("outcome=%s: unknown (allowed: %s)", v, allowed)
+			}
+		case "rank":
+			var r int
+			if r, err = strconv.Atoi(v); err == nil && r < 0 {
+				err = fmt.Errorf("rank=%s: a rank is 0 or more", v)
+			}
+			sc.Rank = &r
 		case "at":
 			sc.At, err = strconv.Atoi(v)
 		case "steps":
@@ -72,7 +81,7 @@ func ParseScenario(text string) (Scenario, error) {
 				err = fmt.Errorf("preemptAs=%s: allowed: preempt (the save on notice ends), reclaim (the node goes mid-step), reclaim-in-save (the node goes during the save)", v)
 			}
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, steps, step, pending, pull, env, weights, data, dropped, refuse, preempt, preemptAs)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, rank, steps, step, pending, pull, env, weights, data, dropped, refuse, preempt, preemptAs)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)

@@ -17,6 +17,9 @@ func TestParseScenario(t *testing.T) {
 		sc.PendingFor != time.Second || sc.Pull != 3*time.Second || sc.Env != 4*time.Second || sc.Weights != 5*time.Second || sc.Data != 6*time.Second || sc.DroppedRows != 2 || sc.Refuse["reservation"] != 20*time.Second || sc.Refuse["spot"] != 0 || len(sc.Refuse) != 2 {
 		t.Errorf("parsed %+v", sc)
 	}
+	if oom, err := kubesim.ParseScenario("outcome=cuda-oom,at=3,rank=5"); err != nil || oom.Outcome != kubesim.CudaOOM || oom.Rank == nil || *oom.Rank != 5 {
+		t.Errorf("outcome=cuda-oom,at=3,rank=5: %+v, %v", oom, err)
+	}
 	if d, err := kubesim.ParseScenario(" "); err != nil || d.Outcome != kubesim.DefaultScenario().Outcome {
 		t.Errorf("blank: %+v, %v", d, err)
 	}
@@ -27,6 +30,8 @@ func TestParseScenario(t *testing.T) {
 		"refuse=spot:-1s":       "not a positive duration",
 		"preempt=3/0":           "not a step",
 		"preempt=3,preemptAs=x": "allowed: preempt",
+		"outcome=explode":       "allowed: succeed, fail",
+		"rank=-1":               "a rank is 0 or more",
 	} {
 		if _, err := kubesim.ParseScenario(text); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", text, err, want)

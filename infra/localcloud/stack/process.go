@@ -38,7 +38,13 @@ type function struct {
 	killed   bool // the current process was killed on purpose
 	restarts int
 	exits    []string // unexpected exits
+	// downs are the spans from each kill to the restarted process's first
+	// accepted connection (an open end: not up again yet).
+	downs []span
 }
+
+// span is a stretch of time; a zero To is still open.
+type span struct{ From, To time.Time }
 
 func (f *function) url() string { return fmt.Sprintf("http://127.0.0.1:%d/", f.port) }
 
@@ -131,6 +137,11 @@ func (f *function) start(ctx context.Context) error {
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 			_ = c.Close()
+			f.mu.Lock()
+			if n := len(f.downs); n > 0 && f.downs[n-1].To.IsZero() {
+				f.downs[n-1].To = time.Now()
+			}
+			f.mu.Unlock()
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -145,6 +156,9 @@ func (f *function) start(ctx context.Context) error {
 func (f *function) kill() {
 	f.mu.Lock()
 	cmd := f.cmd
+	if !f.killed {
+		f.downs = append(f.downs, span{From: time.Now()})
+	}
 	f.killed = true
 	f.mu.Unlock()
 	if cmd != nil && cmd.Process != nil {
@@ -180,6 +194,24 @@ func (s *Stack) Restart(ctx context.Context, fn string) error {
 		return nil // another restart won, or the stack is going away
 	}
 	return f.start(ctx)
+}
+
+// DownDuring says whether fn's process was killed, and not yet serving
+// again, at some moment between from and to: a push in that stretch may
+// have had no answer because of the kill.
+func (s *Stack) DownDuring(fn string, from, to time.Time) bool {
+	f, ok := s.funcs[fn]
+	if !ok {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.downs {
+		if !d.From.After(to) && (d.To.IsZero() || !d.To.Before(from)) {
+			return true
+		}
+	}
+	return false
 }
 
 // PID is the process ID of a function's current instance (0: none).

@@ -396,6 +396,19 @@ func (s *Stack) routes(targets map[string]string) ([]eventarc.Route, map[string]
 	return routes, topicOf
 }
 
+// RouteFunction is the entry point of the function a route delivers to
+// ("" for a route the wiring table does not have).
+func RouteFunction(route string) string {
+	for _, f := range wiring.Functions {
+		for _, tr := range f.Triggers {
+			if tr.Name == route {
+				return f.EntryPoint
+			}
+		}
+	}
+	return ""
+}
+
 // StateDir is the folder of the stack's logs and kubeconfig.
 func (s *Stack) StateDir() string { return s.opts.StateDir }
 

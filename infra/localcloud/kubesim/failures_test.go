@@ -1,0 +1,120 @@
+package kubesim_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+)
+
+// TestFailureModes plays each failure of a rank and looks for it where a
+// person would: the driver's output (the submitter pod's log, through the
+// API server), with the failing rank's prefix naming its worker pod's IP,
+// and the worker pod's status for a container the OOM killer ended.
+func TestFailureModes(t *testing.T) {
+	t.Parallel()
+	cs := clientset(t)
+	for _, tc := range []struct {
+		outcome kubesim.Outcome
+		want    []string // in the driver's output, after the rank's prefix where ranked
+		ranked  bool
+	}{
+		{kubesim.CudaOOM, []string{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"}, true},
+		{kubesim.NcclTimeout, []string{"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "To avoid data inconsistency, we are taking the entire process down."}, true},
+		{kubesim.HostOOM, []string{"ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."}, false},
+		{kubesim.OOMKilled, []string{"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", "killed by SIGKILL by OOM killer"}, false},
+	} {
+		t.Run(string(tc.outcome), func(t *testing.T) {
+			t.Parallel()
+			cluster := "sim-" + string(tc.outcome)
+			rank := 9 // of 16, on the second of two worker pods
+			_, rj := startJob(t, cluster, kubesim.Scenario{Outcome: tc.outcome, At: 2, Rank: &rank})
+			rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusFailed, 60*time.Second)
+			var sub corev1.Pod
+			waitFor(t, "the submitter pod ended", 20*time.Second, func() (bool, error) {
+				sub = submitterPod(t, rj.Name)
+				return sub.Status.Phase == corev1.PodFailed, nil
+			})
+			log := podLog(t, cs, sub.Name, "")
+			workers := listPods(t, cluster, "worker")
+			sort.Slice(workers, func(i, j int) bool { return workers[i].Name < workers[j].Name })
+			if len(workers) != 2 {
+				t.Fatalf("%d worker pods, want 2", len(workers))
+			}
+			prefix := fmt.Sprintf("(RayTrainWorker pid=%d, ip=%s) ", 4242+rank, workers[1].Status.PodIP)
+			lines := strings.Split(log, "\n")
+			for _, w := range tc.want {
+				found := slices.ContainsFunc(lines, func(l string) bool {
+					return strings.Contains(l, w) && (!tc.ranked || strings.HasPrefix(l, prefix))
+				})
+				if !found {
+					t.Errorf("the driver's output has no line with %q (from %q):\n%s", w, prefix, log)
+				}
+			}
+			if tc.outcome != kubesim.OOMKilled {
+				return
+			}
+			st := workers[1].Status.ContainerStatuses[0]
+			if last := st.LastTerminationState.Terminated; last == nil || last.Reason != "OOMKilled" || last.ExitCode != 137 || st.RestartCount != 1 {
+				t.Errorf("worker %s: restarts %d, last state %+v; want OOMKilled, exit 137, one restart", workers[1].Name, st.RestartCount, st.LastTerminationState)
+			}
+		})
+	}
+}
+
+// TestImagePullFails: workers whose image cannot be pulled wait in
+// ErrImagePull then ImagePullBackOff with the kubelet's events, their logs
+// get the kubelet's 400, and the job does not start.
+func TestImagePullFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cs := clientset(t)
+	_, rj := startJob(t, "sim-badimage", kubesim.Scenario{Outcome: kubesim.ImagePull})
+	var pod corev1.Pod
+	waitFor(t, "a worker in ImagePullBackOff", 30*time.Second, func() (bool, error) {
+		for _, p := range listPods(t, "sim-badimage", "worker") {
+			if len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Waiting != nil && p.Status.ContainerStatuses[0].State.Waiting.Reason == "ImagePullBackOff" {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	_, err := cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).Stream(ctx)
+	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "is waiting to start: trying and failing to pull image") {
+		t.Errorf("logs of a worker in ImagePullBackOff: %v, want the kubelet's 400", err)
+	}
+	var reasons []string
+	waitFor(t, "the kubelet's pull events", 10*time.Second, func() (bool, error) {
+		evs := &corev1.EventList{}
+		if err := k8s.List(ctx, evs, client.InNamespace("default")); err != nil {
+			return false, err
+		}
+		reasons = reasons[:0]
+		for _, e := range evs.Items {
+			if e.InvolvedObject.UID == pod.UID {
+				reasons = append(reasons, e.Reason+": "+e.Message)
+			}
+		}
+		return slices.ContainsFunc(reasons, func(r string) bool {
+			return strings.HasPrefix(r, "Failed: Failed to pull image") && strings.Contains(r, "not found")
+		}) &&
+			slices.Contains(reasons, "Failed: Error: ImagePullBackOff") && slices.ContainsFunc(reasons, func(r string) bool { return strings.HasPrefix(r, "BackOff: Back-off pulling image") }), fmt.Errorf("events %v", reasons)
+	})
+	if cur, err := getRayJob(rj.Name); err != nil || cur.Status.JobStatus == rayv1.JobStatusRunning {
+		t.Errorf("RayJob %s: %v, job status %q; want a job that never runs", rj.Name, err, cur.Status.JobStatus)
+	}
+	if err := k8s.Delete(ctx, rj); err != nil {
+		t.Fatal(err)
+	}
+}
