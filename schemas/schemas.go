@@ -3,7 +3,9 @@
 // (mark.v1.json) is written by hand: it is the contract between the
 // trainer that writes raydrop_result.json, the local cloud's simulated
 // trainer that writes it the same way, and pkg/checkpoints that reads it;
-// each checks its marks against it in its tests.
+// each checks its marks against it in its tests. The evidence manifest's
+// (evidence.v1.json) is pkg/evidence's contract with whoever reads a run's
+// evidence folder.
 package schemas
 
 import (
@@ -24,24 +26,44 @@ var Mark []byte
 // MarkID is the mark schema's $id.
 const MarkID = "https://raydrop.dev/schemas/mark.v1.json"
 
-var mark = sync.OnceValues(func() (*jsonschema.Schema, error) {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(Mark))
+var mark = sync.OnceValues(func() (*jsonschema.Schema, error) { return compile(MarkID, Mark) })
+
+// ValidateMark reports how doc, a raydrop_result.json, breaks the mark's
+// schema; nil when it does not.
+func ValidateMark(doc []byte) error { return validate(mark, "mark", doc) }
+
+// Evidence is the evidence manifest's JSON Schema (draft 2020-12).
+//
+//go:embed evidence.v1.json
+var Evidence []byte
+
+// EvidenceID is the evidence manifest schema's $id.
+const EvidenceID = "https://raydrop.dev/schemas/evidence.v1.json"
+
+var evidence = sync.OnceValues(func() (*jsonschema.Schema, error) { return compile(EvidenceID, Evidence) })
+
+// ValidateEvidence reports how doc, an evidence manifest.json, breaks its
+// schema; nil when it does not.
+func ValidateEvidence(doc []byte) error { return validate(evidence, "evidence manifest", doc) }
+
+// compile compiles the schema doc whose $id is id.
+func compile(id string, schema []byte) (*jsonschema.Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
 	if err != nil {
 		return nil, err
 	}
 	c := jsonschema.NewCompiler()
-	if err := c.AddResource(MarkID, doc); err != nil {
+	if err := c.AddResource(id, doc); err != nil {
 		return nil, err
 	}
-	return c.Compile(MarkID)
-})
+	return c.Compile(id)
+}
 
-// ValidateMark reports how doc, a raydrop_result.json, breaks the mark's
-// schema; nil when it does not.
-func ValidateMark(doc []byte) error {
-	s, err := mark()
+// validate checks doc against a compiled schema.
+func validate(schema func() (*jsonschema.Schema, error), name string, doc []byte) error {
+	s, err := schema()
 	if err != nil {
-		return fmt.Errorf("mark schema: %w", err)
+		return fmt.Errorf("%s schema: %w", name, err)
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {

@@ -42,6 +42,11 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 		d.Log.Info("duplicate_ignored", "run_id", rec.RunID, "phase", rec.Phase)
 		return nil
 	}
+	// What the pods can tell, before any of them goes.
+	evidenceURI := rec.Evidence
+	if evidenceURI == "" {
+		evidenceURI = d.KeepEvidence(ctx, rec, rec.Attempt)
+	}
 	if rec.Trial != nil && rec.Phase == runs.Finishing {
 		// The sweep's next trial queues on this trial's cluster before it
 		// is released, so the cluster is handed over with its workers up.
@@ -59,7 +64,7 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	if err := h.release(ctx, rec); err != nil {
 		return err
 	}
-	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published)
+	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published, evidenceURI)
 	if err != nil {
 		return err
 	}
@@ -92,13 +97,14 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 }
 
 // conclude writes the run's terminal record, with the checkpoints it
-// discovers, if an earlier delivery has not; in the same write it records
-// the events the finished message says were published, and claims those
+// discovers and its evidence folder, if an earlier delivery has not; in
+// the same write it records the events the finished message says were
+// published, and claims those
 // the run still owes (pipeline.ClaimOwed), which Handle publishes once the
 // cluster is released. Results it cannot read (no permission on the
 // bucket, a malformed object) end the run FAILED all the same, so its
 // cluster is released.
-func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []runs.Phase) (_ *runs.Record, owed []runs.Phase, held bool, now time.Time, _ error) {
+func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []runs.Phase, evidenceURI string) (_ *runs.Record, owed []runs.Phase, held bool, now time.Time, _ error) {
 	var res *checkpoints.Result
 	var unreadable error
 	if rec.Phase == runs.Finishing {
@@ -115,6 +121,9 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
 		owed, held, ended = nil, false, false
 		changed := pipeline.RecordPublished(r, published)
+		if evidenceURI != "" && r.Evidence == "" {
+			r.Evidence, changed = evidenceURI, true
+		}
 		if r.Phase == runs.Finishing && res != nil {
 			if err := r.MarkEnded(res, unreadable, now); err != nil {
 				return err

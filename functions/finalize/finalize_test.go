@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 	"testing"
@@ -318,13 +319,14 @@ func TestFinalize(t *testing.T) {
 }
 
 // failingCreate fails the next creates of objects with errs, in turn.
+// failingCreate fails the report's creates with errs, in turn.
 type failingCreate struct {
 	pipeline.Objects
 	errs []error
 }
 
 func (f *failingCreate) Create(ctx context.Context, bucket, name string, data []byte, contentType string) error {
-	if len(f.errs) > 0 {
+	if len(f.errs) > 0 && path.Base(name) == report.File {
 		err := f.errs[0]
 		f.errs = f.errs[1:]
 		return err

@@ -175,6 +175,9 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		return h.resend(ctx, rec, d.Topic)
 	case Finish:
 		if d.DeleteJob {
+			// Deleting the RayJob deletes its submitter and stops the job:
+			// what the pods can tell is kept first.
+			h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
 			if err := h.Deps.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
 				return err
 			}
@@ -227,5 +230,8 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 		resume = res.Latest.URI
 	}
 	h.Deps.Log.Warn("attempt_retried", "run_id", rec.RunID, "attempt", rec.Attempt, "reason", why, "resume_from", resume)
+	// The next attempt replaces this one's pods: what they can tell of
+	// how it ended is kept first.
+	h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
 	return h.Deps.StartAttempt(ctx, rec.RunID, rec.Attempt+1, resume, why)
 }

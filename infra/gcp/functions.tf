@@ -6,7 +6,8 @@
 locals {
   # What each function does, and so what its service account may do: the
   # topics it publishes to, whether it reads the checkpoint bucket, and its
-  # Kubernetes verbs per resource (its Role in var.namespace). The same
+  # Kubernetes verbs per resource (its Role in var.namespace; kube_cluster:
+  # a ClusterRole's, read-only). The same
   # table as pkg/wiring/wiring.go; a test checks one against the other.
   functions = {
     provision = {
@@ -18,6 +19,7 @@ locals {
         configmaps  = ["create"]
         rayclusters = ["create", "get", "update"]
       }
+      kube_cluster = {}
     }
     submit = {
       entry_point     = "Submit"
@@ -27,18 +29,23 @@ locals {
       kube = {
         rayjobs = ["create"]
       }
+      kube_cluster = {}
     }
     monitor = {
       entry_point     = "Monitor"
       publishes       = ["provisioned", "finished", "events"]
       reads_artifacts = true
-      writes_reports  = false
+      writes_reports  = true
       kube = {
         configmaps  = ["create"]
         events      = ["list"]
         pods        = ["list"]
+        "pods/log"  = ["get"]
         rayclusters = ["create", "get", "list", "update"]
         rayjobs     = ["delete", "get", "list"]
+      }
+      kube_cluster = {
+        nodes = ["get"]
       }
     }
     finalize = {
@@ -48,8 +55,14 @@ locals {
       writes_reports  = true
       kube = {
         configmaps  = ["create"]
+        events      = ["list"]
+        pods        = ["list"]
+        "pods/log"  = ["get"]
         rayclusters = ["create", "get", "update"]
         rayjobs     = ["delete"]
+      }
+      kube_cluster = {
+        nodes = ["get"]
       }
     }
   }
@@ -59,6 +72,8 @@ locals {
     configmaps  = ""
     events      = ""
     pods        = ""
+    "pods/log"  = ""
+    nodes       = ""
     rayclusters = "ray.io"
     rayjobs     = "ray.io"
   }
@@ -280,6 +295,41 @@ resource "kubernetes_role_binding_v1" "function" {
     api_group = "rbac.authorization.k8s.io"
     kind      = "Role"
     name      = kubernetes_role_v1.function[each.key].metadata[0].name
+  }
+  subject {
+    api_group = "rbac.authorization.k8s.io"
+    kind      = "User"
+    name      = google_service_account.function[each.key].email
+  }
+}
+
+# The cluster-scoped reads of the functions that keep a run's evidence
+# (local.functions[*].kube_cluster: get on nodes, their labels and
+# conditions), as a ClusterRole bound to the function's service account.
+resource "kubernetes_cluster_role_v1" "function" {
+  for_each = { for fn, f in local.functions : fn => f if length(f.kube_cluster) > 0 }
+  metadata {
+    name = "raydrop-${each.key}"
+  }
+  dynamic "rule" {
+    for_each = each.value.kube_cluster
+    content {
+      api_groups = [local.kube_api_groups[rule.key]]
+      resources  = [rule.key]
+      verbs      = rule.value
+    }
+  }
+}
+
+resource "kubernetes_cluster_role_binding_v1" "function" {
+  for_each = kubernetes_cluster_role_v1.function
+  metadata {
+    name = "raydrop-${each.key}"
+  }
+  role_ref {
+    api_group = "rbac.authorization.k8s.io"
+    kind      = "ClusterRole"
+    name      = each.value.metadata[0].name
   }
   subject {
     api_group = "rbac.authorization.k8s.io"

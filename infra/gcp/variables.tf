@@ -188,7 +188,7 @@ variable "event_bus_network_attachment" {
 }
 
 variable "env" {
-  description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE)."
+  description = "Extra environment variables for every function (RAYDROP_SCALE_DOWN_GRACE, RAYDROP_GPU_HOUR_USD, RAYDROP_EVENT_SOURCE, RAYDROP_EVIDENCE_BUDGET, RAYDROP_EVIDENCE_LOG_CAP)."
   type        = map(string)
   default     = {}
 }

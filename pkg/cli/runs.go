@@ -352,6 +352,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Report != "" {
 		fmt.Fprintf(tw, "report\t%s\n", r.Report)
 	}
+	if r.Evidence != "" {
+		fmt.Fprintf(tw, "evidence\t%s (pods' logs, statuses and events, kept before the teardown)\n", r.Evidence)
+	}
 	_ = tw.Flush()
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  %s\n", p)

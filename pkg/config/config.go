@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/raydrop/raydrop/pkg/wiring"
 )
@@ -63,6 +64,13 @@ type Config struct {
 	// is sent with it (private and gated repositories).
 	HubEndpoint string
 	HubToken    string
+	// RAYDROP_EVIDENCE_BUDGET (default 60s): the longest the capture of a
+	// run's evidence (pkg/evidence) may hold its GPU workers up before
+	// they are scaled down; what it has not read by then is named missing.
+	EvidenceBudget time.Duration
+	// RAYDROP_EVIDENCE_LOG_CAP (default 2Mi, a Kubernetes quantity): the
+	// bytes kept of each container log in the evidence, the last.
+	EvidenceLogCap int64
 }
 
 // The variables LoadConfig reads (and Env writes); the topics' are
@@ -84,6 +92,8 @@ const (
 	EnvModelStaging   = "RAYDROP_MODEL_STAGING"
 	EnvHubEndpoint    = "RAYDROP_HF_ENDPOINT"
 	EnvHubToken       = "HF_TOKEN"
+	EnvEvidenceBudget = "RAYDROP_EVIDENCE_BUDGET"
+	EnvEvidenceLogCap = "RAYDROP_EVIDENCE_LOG_CAP"
 )
 
 // BusName is the form of a message bus's name (RAYDROP_EVENT_BUS).
@@ -206,6 +216,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 	if c.GPUHourUSD, err = strconv.ParseFloat(get(EnvGPUHourUSD, DefaultGPUHourUSD), 64); err != nil || c.GPUHourUSD < 0 {
 		errs = append(errs, fmt.Errorf("%s %q is not a non-negative number", EnvGPUHourUSD, getenv(EnvGPUHourUSD)))
 	}
+	if c.EvidenceBudget, err = time.ParseDuration(get(EnvEvidenceBudget, "60s")); err != nil || c.EvidenceBudget <= 0 {
+		errs = append(errs, fmt.Errorf("%s %q is not a positive duration such as 60s", EnvEvidenceBudget, getenv(EnvEvidenceBudget)))
+	}
+	if q, err := resource.ParseQuantity(get(EnvEvidenceLogCap, "2Mi")); err != nil || q.Value() < 1024 {
+		errs = append(errs, fmt.Errorf("%s %q is not a size of at least 1Ki such as 2Mi", EnvEvidenceLogCap, getenv(EnvEvidenceLogCap)))
+	} else {
+		c.EvidenceLogCap = q.Value()
+	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("configuration: %w", errors.Join(errs...))
 	}
@@ -253,6 +271,12 @@ func (c Config) Env() []string {
 	set(EnvHubToken, c.HubToken)
 	if c.ScaleDownAge != 0 {
 		set(EnvScaleDownGrace, c.ScaleDownAge.String())
+	}
+	if c.EvidenceBudget != 0 {
+		set(EnvEvidenceBudget, c.EvidenceBudget.String())
+	}
+	if c.EvidenceLogCap != 0 {
+		set(EnvEvidenceLogCap, strconv.FormatInt(c.EvidenceLogCap, 10))
 	}
 	if c.GPUHourUSD != 0 {
 		set(EnvGPUHourUSD, strconv.FormatFloat(c.GPUHourUSD, 'g', -1, 64))

@@ -17,7 +17,7 @@ func full() Config {
 		DataBuckets: []string{"data"}, Namespaces: []string{"ns-a", "ns-b"}, EventSource: "//example.com/raydrop",
 		Kubeconfig: "/k/config", GKECluster: "projects/p-1/locations/l/clusters/c",
 		EventBus:     "projects/p-12345/locations/us-central1/messageBuses/bus",
-		ScaleDownAge: 90 * time.Second, GPUHourUSD: 2.5,
+		ScaleDownAge: 90 * time.Second, GPUHourUSD: 2.5, EvidenceBudget: 45 * time.Second, EvidenceLogCap: 1 << 20,
 		TrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer@sha256:" + strings.Repeat("ab", 32),
 		ModelStaging: "gs://out-a/models", HubEndpoint: "http://127.0.0.1:9/hub", HubToken: "hf_x",
 	}
@@ -67,7 +67,7 @@ func TestEnvLeavesDefaultsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.StateBucket != "in" || c.ScaleDownAge != 10*time.Minute || c.GPUHourUSD != 10 || c.Topics != wiring.DefaultTopics() ||
+	if c.StateBucket != "in" || c.ScaleDownAge != 10*time.Minute || c.GPUHourUSD != 10 || c.EvidenceBudget != time.Minute || c.EvidenceLogCap != 2<<20 || c.Topics != wiring.DefaultTopics() ||
 		!reflect.DeepEqual(c.Namespaces, []string{"default"}) {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
@@ -77,12 +77,12 @@ func TestEnvLeavesDefaultsOut(t *testing.T) {
 // reported at once, by name.
 func TestLoadConfigNamesEveryProblem(t *testing.T) {
 	vars := map[string]string{EnvOutputBuckets: " , ", EnvEventBus: "bus", EnvNamespaces: ",", EnvScaleDownGrace: "soon", EnvGPUHourUSD: "-1",
-		EnvTrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer:latest"}
+		EnvTrainerImage: "us-docker.pkg.dev/p-1/raydrop/trainer:latest", EnvEvidenceBudget: "0s", EnvEvidenceLogCap: "2 megs"}
 	_, err := LoadConfig(func(k string) string { return vars[k] })
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, name := range []string{EnvProject, EnvIntakeBucket, EnvOutputBuckets, EnvEventBus, EnvNamespaces, EnvScaleDownGrace, EnvGPUHourUSD, EnvGKECluster, EnvTrainerImage} {
+	for _, name := range []string{EnvProject, EnvIntakeBucket, EnvOutputBuckets, EnvEventBus, EnvNamespaces, EnvScaleDownGrace, EnvGPUHourUSD, EnvGKECluster, EnvTrainerImage, EnvEvidenceBudget, EnvEvidenceLogCap} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s: %v", name, err)
 		}

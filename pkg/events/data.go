@@ -33,7 +33,7 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	if p == runs.ReportReady {
 		// The report's own event: where it is and how the run ended (the
 		// terminal event, already out, has the rest).
-		d.Outcome, d.Report = r.Phase.Event(), r.Report
+		d.Outcome, d.Report, d.Evidence = r.Phase.Event(), r.Report, r.Evidence
 		d.Reason, d.Message = r.Reason, r.Message
 		if t, ok := r.Times[r.Phase]; ok {
 			d.EndedAt = &t
@@ -58,7 +58,7 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	if d.Startup != nil {
 		d.Timings["startup"] = d.Startup.Seconds
 	}
-	d.Report = r.Report
+	d.Report, d.Evidence = r.Report, r.Evidence
 	if r.Result != nil {
 		d.Checkpoints = r.Result.Checkpoints
 		d.LatestCheckpoint = r.Result.Latest

@@ -109,6 +109,9 @@ type Run struct {
 	// report_ready event carries it; a terminal event only when the report
 	// was written before it went out.
 	Report string `json:"report,omitempty"`
+	// Evidence is the gs:// URI of the run's evidence folder
+	// (pkg/evidence), once kept: terminal and report_ready events.
+	Evidence string `json:"evidence,omitempty"`
 	// Outcome is how the run ended, the phase of its terminal event
 	// (report_ready events).
 	Outcome string `json:"outcome,omitempty"`

@@ -111,8 +111,9 @@ func Schema(phase string) []byte {
 				"staged":   map[string]any{"type": "boolean"},
 			},
 		},
-		"report":  map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost); the report_ready event carries it, a terminal event only when the report was written before it went out (subscribers that want the report wait for report_ready)"},
-		"outcome": map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
+		"report":   map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost); the report_ready event carries it, a terminal event only when the report was written before it went out (subscribers that want the report wait for report_ready)"},
+		"evidence": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+/evidence/$", "description": "the run's evidence folder, kept before its GPU workers were scaled down: for each attempt (attempt-<n>/), every Ray pod's and the submitter pod's container logs, the pods' statuses, the Kubernetes events of the run's objects, and a manifest.json of what was kept and what could not be (terminal and report_ready events of runs that had an attempt on a cluster)"},
+		"outcome":  map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",

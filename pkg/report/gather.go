@@ -14,6 +14,7 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -85,7 +86,30 @@ func Build(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs
 			in.Samples = s
 		}
 	}
+	if rec.Evidence != "" && rec.Attempt > 0 {
+		if err := in.note(in.readEvidence(ctx, bucket, rec)); err != nil {
+			return nil, err
+		}
+	}
 	return Render(in)
+}
+
+// readEvidence reads the manifest of the last attempt's evidence.
+func (in *Input) readEvidence(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs.Record) error {
+	b, folder, _ := strings.Cut(strings.TrimPrefix(rec.Evidence, "gs://"), "/")
+	folder = evidence.AttemptFolder(strings.TrimSuffix(folder, "/"+evidence.Folder+"/"), rec.Attempt)
+	st := bucket(b)
+	name := folder + "/" + evidence.ManifestFile
+	doc, err := st.Read(ctx, name, 4<<20)
+	if err != nil {
+		return err
+	}
+	ev := &Evidence{Folder: st.URI(folder)}
+	if err := json.Unmarshal(doc, &ev.Manifest); err != nil {
+		return fmt.Errorf("parse %s: %w: %w", st.URI(name), checkpoints.ErrUnreadable, err)
+	}
+	in.Evidence = ev
+	return nil
 }
 
 // note records an unreadable object in the report and returns any other

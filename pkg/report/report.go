@@ -27,6 +27,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/events"
+	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -45,6 +46,15 @@ type Input struct {
 	Generated  time.Time
 	// Unreadable names the objects the report could not read.
 	Unreadable []string
+	// Evidence is what finalize kept of the last attempt's pods before
+	// the teardown (nil: none was kept, or the run is still going).
+	Evidence *Evidence
+}
+
+// Evidence is an attempt's evidence folder and its manifest.
+type Evidence struct {
+	Folder   string // gs://…/evidence/attempt-<n>
+	Manifest evidence.Manifest
 }
 
 // Attempt is the metrics of every report one attempt logged.
@@ -115,6 +125,8 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05 UTC")
 	},
+	"kib":    func(n int) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
+	"kib64":  func(n int64) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
 	"secs":   func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() },
 	"num":    num,
 	"usd":    func(f float64) string { return fmt.Sprintf("$%.2f", f) },

@@ -2,6 +2,7 @@ package report
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -166,8 +168,27 @@ func TestReportOfASucceededRun(t *testing.T) {
 func TestReportOfAFailedRun(t *testing.T) {
 	bucket, rec := stage(t, runs.Failed, "exp-fail")
 	rec.Reason, rec.Message = "JobFailed", "the trainer raised ValueError: too many long rows"
+	// The evidence finalize kept: its files and what it could not keep.
+	rec.Evidence = "gs://ckpt/team/r1/evidence/"
+	m := evidence.Manifest{SchemaVersion: 1, RunID: "r1", Attempt: 1, LogCapBytes: 2 << 20, Files: []evidence.File{
+		{Path: "pods.json", Kind: evidence.KindPods, Bytes: 2048},
+		{Path: "logs/c-gpu-group-worker-abcde/ray-worker.previous.log.gz", Kind: evidence.KindLog, Pod: "c-gpu-group-worker-abcde", Container: "ray-worker", Previous: true, Bytes: 1024, LogBytes: 3 << 20, Capped: true},
+	}, Missing: []evidence.Missing{{What: "events.json", Why: "the capture's budget was spent"}}}
+	doc, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(string(bucket("ckpt").(checkpoints.Dir)), "team", "r1", "evidence", "attempt-1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, evidence.ManifestFile), doc, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	page := build(t, bucket, rec)
-	for _, s := range []string{`id="reason"`, "too many long rows", `class="phase failed"`, "the run did not finish training"} {
+	for _, s := range []string{`id="reason"`, "too many long rows", `class="phase failed"`, "the run did not finish training",
+		`id="evidence"`, "1 thing(s) could not be kept", "attempt-1/logs/c-gpu-group-worker-abcde/ray-worker.previous.log.gz",
+		"ray-worker (before its restart)", "the last 2048.0 KiB of 3072.0 KiB", "not kept: the capture&#39;s budget was spent"} {
 		if !strings.Contains(page, s) {
 			t.Errorf("%q missing", s)
 		}

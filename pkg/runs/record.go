@@ -67,6 +67,10 @@ type Record struct {
 	// function may not write the run's bucket): no report_ready event
 	// follows the terminal one.
 	NoReport string `json:"noReport,omitempty"`
+	// Evidence is the gs:// URI of the run's evidence folder
+	// (pkg/evidence: its pods' logs, statuses and events, kept before its
+	// workers were scaled down), once the last attempt's was captured.
+	Evidence string `json:"evidence,omitempty"`
 
 	// Published lists the phases whose public event has gone out, so a
 	// redelivered message publishes nothing new.

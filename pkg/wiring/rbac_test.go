@@ -38,3 +38,29 @@ func TestRolesAreTheTable(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterRolesOnlyRead: a function's ClusterRole holds exactly its
+// KubeCluster table, and that only reads nodes; a function without one
+// gets neither a ClusterRole nor a binding.
+func TestClusterRolesOnlyRead(t *testing.T) {
+	for _, f := range Functions {
+		role, b := f.ClusterRole(), f.ClusterRoleBinding(f.Identity("p"))
+		if len(f.KubeCluster) == 0 {
+			if role != nil || b != nil {
+				t.Errorf("%s has no KubeCluster table but a ClusterRole %v or binding %v", f.Name, role, b)
+			}
+			continue
+		}
+		for res, verbs := range f.KubeCluster {
+			if res != ResourceNodes || !slices.Equal(verbs, []string{"get"}) {
+				t.Errorf("%s may %v cluster-wide %s; only get on nodes is allowed", f.Name, verbs, res)
+			}
+		}
+		if role.Name != "raydrop-"+f.Name || len(role.Rules) != len(f.KubeCluster) {
+			t.Errorf("%s: ClusterRole %s with %d rules", f.Name, role.Name, len(role.Rules))
+		}
+		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != role.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != f.Identity("p") {
+			t.Errorf("%s: ClusterRoleBinding %+v", f.Name, b)
+		}
+	}
+}

@@ -30,17 +30,23 @@ type Function struct {
 	// function reads and writes the state bucket (records, leases); only
 	// the function triggered by the intake bucket reads it (ReadsIntake).
 	ReadsArtifacts bool
-	// WritesReports: the function creates the runs' reports in the
-	// checkpoint buckets (roles/storage.objectCreator: new objects only,
-	// never replacing one).
+	// WritesReports: the function creates objects of the runs' own in the
+	// checkpoint buckets, their reports and evidence
+	// (roles/storage.objectCreator: new objects only, never replacing one).
 	WritesReports bool
 	// Kube is the verbs the function uses on each kind of object, granted
 	// in the namespaces runs may use (Config.Namespaces) and nowhere else.
-	// No function touches Secrets or anything cluster-wide; the monitor
+	// No function touches Secrets, or anything cluster-wide but reading
+	// nodes (KubeCluster); the monitor
 	// lists pods (to see workers wait for capacity or lose their nodes)
 	// and the Events KubeRay records on the RayClusters (a worker pod it
-	// deleted after its node went away), and changes none.
+	// deleted after its node went away), and changes none; finalize
+	// reads pods, their logs and events for the evidence, and changes none.
 	Kube map[string][]string
+	// KubeCluster is the verbs the function uses on cluster-scoped
+	// objects, granted by a ClusterRole: read-only, and only the nodes
+	// the evidence records (their labels and conditions).
+	KubeCluster map[string][]string
 }
 
 // The Kubernetes resources the functions use, with their API groups.
@@ -48,12 +54,14 @@ const (
 	ResourceConfigMaps  = "configmaps"
 	ResourceEvents      = "events"
 	ResourcePods        = "pods"
+	ResourcePodLogs     = "pods/log"
+	ResourceNodes       = "nodes"
 	ResourceRayClusters = "rayclusters"
 	ResourceRayJobs     = "rayjobs"
 )
 
 // KubeGroups are the API groups of the resources in Function.Kube.
-var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceEvents: "", ResourcePods: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
+var KubeGroups = map[string]string{ResourceConfigMaps: "", ResourceEvents: "", ResourcePods: "", ResourcePodLogs: "", ResourceNodes: "", ResourceRayClusters: "ray.io", ResourceRayJobs: "ray.io"}
 
 // Trigger delivers events to a function: a Pub/Sub topic's published
 // messages, or a bucket's finalized objects. A deployed function has one
@@ -103,7 +111,7 @@ var Functions = []Function{
 		Kube:      map[string][]string{ResourceRayJobs: {"create"}},
 	},
 	{
-		Name: "monitor", EntryPoint: "Monitor", ReadsArtifacts: true,
+		Name: "monitor", EntryPoint: "Monitor", ReadsArtifacts: true, WritesReports: true, // the evidence
 		Triggers: []Trigger{
 			{Name: "monitor-submitted", Topic: TopicSubmitted},
 			{Name: "monitor-ticks", Topic: TopicTicks},
@@ -111,26 +119,34 @@ var Functions = []Function{
 		},
 		Publishes: []string{TopicProvisioned, TopicFinished, TopicEvents},
 		// Watches its jobs, cancels (deletes) them, starts retries, and
-		// the sweep lists jobs and clusters and scales idle ones to zero.
+		// the sweep lists jobs and clusters and scales idle ones to zero;
+		// before it deletes a job or retries, it keeps the evidence.
 		Kube: map[string][]string{
 			ResourceConfigMaps:  {"create"},
 			ResourceEvents:      {"list"},
 			ResourcePods:        {"list"},
+			ResourcePodLogs:     {"get"},
 			ResourceRayClusters: {"create", "get", "list", "update"},
 			ResourceRayJobs:     {"delete", "get", "list"},
 		},
+		KubeCluster: map[string][]string{ResourceNodes: {"get"}},
 	},
 	{
 		Name: "finalize", EntryPoint: "Finalize", ReadsArtifacts: true, WritesReports: true,
 		Triggers:  []Trigger{{Name: "finalize", Topic: TopicFinished}},
 		Publishes: []string{TopicProvisioned, TopicEvents},
 		// Deletes a cancelled run's job, scales the cluster to zero or
-		// hands it to the next run in its queue.
+		// hands it to the next run in its queue; before that it keeps the
+		// evidence (pkg/evidence): the pods' logs, statuses and events.
 		Kube: map[string][]string{
 			ResourceConfigMaps:  {"create"},
+			ResourceEvents:      {"list"},
+			ResourcePods:        {"list"},
+			ResourcePodLogs:     {"get"},
 			ResourceRayClusters: {"create", "get", "update"},
 			ResourceRayJobs:     {"delete"},
 		},
+		KubeCluster: map[string][]string{ResourceNodes: {"get"}},
 	},
 }
 

@@ -124,6 +124,20 @@ run "defaults" {
     ])
     error_message = "A function's RoleBinding does not bind its own service account to its own Role."
   }
+
+  # A ClusterRole only for the functions whose wiring has cluster-scoped
+  # verbs (reading nodes), with exactly those, bound to their own account.
+  assert {
+    condition = alltrue([for fn, f in var.wiring.functions :
+      length(f.kube_cluster) == 0 ? !contains(keys(kubernetes_cluster_role_v1.function), fn) : try(
+        jsonencode({ for r in kubernetes_cluster_role_v1.function[fn].rule : one(r.resources) => sort(r.verbs) }) == jsonencode(f.kube_cluster) &&
+        kubernetes_cluster_role_binding_v1.function[fn].subject[0].name == google_service_account.function[fn].email &&
+        kubernetes_cluster_role_binding_v1.function[fn].role_ref[0].kind == "ClusterRole" &&
+        kubernetes_cluster_role_binding_v1.function[fn].role_ref[0].name == kubernetes_cluster_role_v1.function[fn].metadata[0].name,
+      false)
+    ])
+    error_message = "A function's ClusterRole differs from the wiring table's cluster-scoped verbs, or is not bound to its own service account."
+  }
 }
 
 # 2. The Eventarc Advanced bus, with the example route to an HTTP endpoint.
@@ -242,6 +256,20 @@ run "event_bus" {
       kubernetes_role_binding_v1.function[fn].role_ref[0].name == kubernetes_role_v1.function[fn].metadata[0].name
     ])
     error_message = "A function's RoleBinding does not bind its own service account to its own Role."
+  }
+
+  # A ClusterRole only for the functions whose wiring has cluster-scoped
+  # verbs (reading nodes), with exactly those, bound to their own account.
+  assert {
+    condition = alltrue([for fn, f in var.wiring.functions :
+      length(f.kube_cluster) == 0 ? !contains(keys(kubernetes_cluster_role_v1.function), fn) : try(
+        jsonencode({ for r in kubernetes_cluster_role_v1.function[fn].rule : one(r.resources) => sort(r.verbs) }) == jsonencode(f.kube_cluster) &&
+        kubernetes_cluster_role_binding_v1.function[fn].subject[0].name == google_service_account.function[fn].email &&
+        kubernetes_cluster_role_binding_v1.function[fn].role_ref[0].kind == "ClusterRole" &&
+        kubernetes_cluster_role_binding_v1.function[fn].role_ref[0].name == kubernetes_cluster_role_v1.function[fn].metadata[0].name,
+      false)
+    ])
+    error_message = "A function's ClusterRole differs from the wiring table's cluster-scoped verbs, or is not bound to its own service account."
   }
 }
 

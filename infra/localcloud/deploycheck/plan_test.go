@@ -32,6 +32,8 @@ type planFunction struct {
 	Grants    []string            `json:"grants"`
 	BusGrants []string            `json:"bus_grants"`
 	Kube      map[string][]string `json:"kube"`
+	// KubeCluster: its ClusterRole's verbs per resource.
+	KubeCluster map[string][]string `json:"kube_cluster"`
 }
 
 // wiringForPlan derives each function's grants from the wiring table: the
@@ -64,15 +66,21 @@ func wiringForPlan() planWiring {
 			bus = append(bus, "project|roles/eventarc.messageBusUser")
 		}
 		slices.Sort(g)
-		kube := map[string][]string{}
-		for r, verbs := range fn.Kube {
-			v := slices.Clone(verbs)
-			slices.Sort(v)
-			kube[r] = v
-		}
-		w.Functions[fn.Name] = planFunction{Grants: g, BusGrants: bus, Kube: kube}
+		w.Functions[fn.Name] = planFunction{Grants: g, BusGrants: bus, Kube: sortedVerbs(fn.Kube), KubeCluster: sortedVerbs(fn.KubeCluster)}
 	}
 	return w
+}
+
+// sortedVerbs is a verbs table with each resource's verbs sorted (never
+// nil: an empty table is {} in the fixture).
+func sortedVerbs(table map[string][]string) map[string][]string {
+	out := map[string][]string{}
+	for r, verbs := range table {
+		v := slices.Clone(verbs)
+		slices.Sort(v)
+		out[r] = v
+	}
+	return out
 }
 
 // TestPlanWiringFixture keeps infra/gcp/tests/wiring.auto.tfvars.json, which the plan

@@ -82,7 +82,8 @@ func TestHCLMatchesWiring(t *testing.T) {
 		if hf.GetAttr("writes_reports").True() != fn.WritesReports {
 			t.Errorf("function %s: writes_reports differs from the wiring table (%v)", fn.Name, fn.WritesReports)
 		}
-		checkKube(t, fn, hf.GetAttr("kube"))
+		checkKube(t, fn.Name+"'s Role", fn.Kube, hf.GetAttr("kube"))
+		checkKube(t, fn.Name+"'s ClusterRole", fn.KubeCluster, hf.GetAttr("kube_cluster"))
 		for _, tr := range fn.Triggers {
 			nTriggers++
 			ht, ok := triggers[tr.Name]
@@ -189,9 +190,9 @@ func checkIAM(t *testing.T, body *hclsyntax.Body, src []byte) {
 	}
 }
 
-// checkKube checks a function's Kubernetes verbs in HCL (its Role) against
-// the wiring table.
-func checkKube(t *testing.T, fn wiring.Function, kube cty.Value) {
+// checkKube checks a function's Kubernetes verbs in HCL (its Role or its
+// ClusterRole) against the wiring table's.
+func checkKube(t *testing.T, what string, want map[string][]string, kube cty.Value) {
 	t.Helper()
 	got := map[string][]string{}
 	if !kube.IsNull() {
@@ -201,12 +202,12 @@ func checkKube(t *testing.T, fn wiring.Function, kube cty.Value) {
 			}
 		}
 	}
-	if len(got) != len(fn.Kube) {
-		t.Errorf("function %s: Kubernetes resources %v in HCL, %v in the wiring table", fn.Name, got, fn.Kube)
+	if len(got) != len(want) {
+		t.Errorf("%s: Kubernetes resources %v in HCL, %v in the wiring table", what, got, want)
 	}
-	for r, verbs := range fn.Kube {
+	for r, verbs := range want {
 		if !sameSet(got[r], verbs) {
-			t.Errorf("function %s: verbs on %s %v in HCL, %v in the wiring table", fn.Name, r, got[r], verbs)
+			t.Errorf("%s: verbs on %s %v in HCL, %v in the wiring table", what, r, got[r], verbs)
 		}
 	}
 }

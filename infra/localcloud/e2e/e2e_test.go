@@ -263,6 +263,8 @@ func TestApplicationFailure(t *testing.T) {
 	}
 	// A failed run gets its report too.
 	fetchReport(t, r, reportURI(t, evs), filepath.Join(reportDir, "failed.html"))
+	// Its evidence holds the driver's failure.
+	checkEvidence(t, r, evs, "Trial task failed")
 	waitNoWorkers(t, "e2e-appfail")
 }
 
@@ -309,6 +311,9 @@ func TestHangHitsDeadline(t *testing.T) {
 	if n := rayJobsOf(t, runID); n != 0 {
 		t.Errorf("%d RayJobs left after the deadline, want 0 (deleted)", n)
 	}
+	// The monitor kept the evidence before it deleted the RayJob (and
+	// with it the submitter): the hung job's output up to its last step.
+	checkEvidence(t, r, eventsOf(t, runID), "Tailing logs until the job exits")
 	waitNoWorkers(t, "e2e-hang")
 }
 
@@ -333,6 +338,7 @@ func TestCancel(t *testing.T) {
 	if n := rayJobsOf(t, runID); n != 0 {
 		t.Errorf("%d RayJobs left after cancellation, want 0", n)
 	}
+	checkEvidence(t, r, evs, "Tailing logs until the job exits")
 	waitNoWorkers(t, "e2e-cancel")
 }
 
@@ -649,6 +655,10 @@ func TestCLI(t *testing.T) {
 	var status map[string]any
 	if code != 0 || json.Unmarshal([]byte(out), &rec) != nil || json.Unmarshal([]byte(out), &status) != nil || rec.Phase != runs.Succeeded {
 		t.Errorf("status: exit %d:\n%s", code, out)
+	}
+	// Where the pods' evidence was kept before the teardown.
+	if code, out, _ := raydrop("status", runID); code != 0 || rec.Evidence == "" || !strings.Contains(out, "evidence") || !strings.Contains(out, rec.Evidence) {
+		t.Errorf("status: exit %d, no evidence folder %q:\n%s", code, rec.Evidence, out)
 	}
 	// The driver's log, kept beside the run: the trainer's lines to its end.
 	if code, out, errOut := raydrop("logs", runID); code != 0 || !strings.Contains(out, "raydrop: run "+runID) ||

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+	"github.com/raydrop/raydrop/pkg/evidence"
 )
 
 // TestFailureModes plays each failure of a rank and looks for it where a
@@ -61,12 +62,34 @@ func TestFailureModes(t *testing.T) {
 					t.Errorf("the driver's output has no line with %q (from %q):\n%s", w, prefix, log)
 				}
 			}
-			if tc.outcome != kubesim.OOMKilled {
-				return
+			// The evidence kept before a teardown holds the same lines.
+			ev := captureEvidence(t, cs, cluster, rj.Name)
+			kept := ev.log(t, sub.Name, sub.Spec.Containers[0].Name, false)
+			for _, w := range tc.want {
+				if !strings.Contains(kept, w) {
+					t.Errorf("the evidence's submitter log has no %q", w)
+				}
 			}
 			st := workers[1].Status.ContainerStatuses[0]
+			kst := ev.pod(t, workers[1].Name).Status.ContainerStatuses[0]
+			if tc.outcome != kubesim.OOMKilled {
+				if kst.RestartCount != 0 || kst.State.Running == nil {
+					t.Errorf("evidence of worker %s: %+v, want its container running, never restarted", workers[1].Name, kst)
+				}
+				return
+			}
 			if last := st.LastTerminationState.Terminated; last == nil || last.Reason != "OOMKilled" || last.ExitCode != 137 || st.RestartCount != 1 {
 				t.Errorf("worker %s: restarts %d, last state %+v; want OOMKilled, exit 137, one restart", workers[1].Name, st.RestartCount, st.LastTerminationState)
+			}
+			if last := kst.LastTerminationState.Terminated; last == nil || last.Reason != "OOMKilled" || last.ExitCode != 137 || kst.RestartCount != 1 {
+				t.Errorf("evidence of worker %s: restarts %d, last state %+v; want OOMKilled, exit 137, one restart", workers[1].Name, kst.RestartCount, kst.LastTerminationState)
+			}
+			// The container the OOM killer ended, and the kubelet's back-off.
+			if prev := ev.log(t, workers[1].Name, workers[1].Spec.Containers[0].Name, true); !strings.Contains(prev, "Ray runtime started.") {
+				t.Errorf("evidence: the OOM-killed container's log %q, want its ray start", prev)
+			}
+			if !ev.hasEvent(workers[1].Name, "BackOff") {
+				t.Errorf("evidence: no BackOff event of worker %s in %s", workers[1].Name, ev.files["events.json"])
 			}
 		})
 	}
@@ -111,6 +134,17 @@ func TestImagePullFails(t *testing.T) {
 		}) &&
 			slices.Contains(reasons, "Failed: Error: ImagePullBackOff") && slices.ContainsFunc(reasons, func(r string) bool { return strings.HasPrefix(r, "BackOff: Back-off pulling image") }), fmt.Errorf("events %v", reasons)
 	})
+	// The evidence: the pull events, and the container's log missing with
+	// the reason it never started.
+	ev := captureEvidence(t, cs, "sim-badimage", rj.Name)
+	if !ev.hasEvent(pod.Name, "Failed") || !ev.hasEvent(pod.Name, "BackOff") {
+		t.Errorf("evidence: no pull events of %s in %s", pod.Name, ev.files["events.json"])
+	}
+	if !slices.ContainsFunc(ev.manifest.Missing, func(m evidence.Missing) bool {
+		return strings.Contains(m.What, pod.Name) && strings.Contains(m.Why, "never started: ImagePullBackOff")
+	}) || ev.manifest.Complete {
+		t.Errorf("evidence manifest: complete %v, missing %+v; want %s's log named missing as never started (ImagePullBackOff)", ev.manifest.Complete, ev.manifest.Missing, pod.Name)
+	}
 	if cur, err := getRayJob(rj.Name); err != nil || cur.Status.JobStatus == rayv1.JobStatusRunning {
 		t.Errorf("RayJob %s: %v, job status %q; want a job that never runs", rj.Name, err, cur.Status.JobStatus)
 	}

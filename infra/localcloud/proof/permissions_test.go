@@ -129,10 +129,13 @@ func testOutsideGrant(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, ns := range []string{stack.Namespace, "kube-system"} {
-			for _, res := range []string{wiring.ResourceConfigMaps, wiring.ResourceRayClusters, wiring.ResourceRayJobs, "secrets", "pods"} {
+			for _, res := range []string{wiring.ResourceConfigMaps, wiring.ResourceRayClusters, wiring.ResourceRayJobs, wiring.ResourceEvents, "secrets", "pods", wiring.ResourcePodLogs} {
 				for _, verb := range []string{"get", "list", "create", "update", "delete"} {
 					if ns == stack.Namespace && slices.Contains(fn.Kube[res], verb) {
 						continue
+					}
+					if res == wiring.ResourcePodLogs && verb != "get" {
+						continue // a pod's log is only read
 					}
 					probes++
 					if err := kubeProbe(ctx, kc, ns, res, verb); !apierrors.IsForbidden(err) {
@@ -153,6 +156,17 @@ func testOutsideGrant(t *testing.T) {
 		probes++ // the publisher role allows nothing but publishing
 		if err := getTopicProbe(ctx, fn.EntryPoint); status.Code(err) != codes.PermissionDenied {
 			problems = append(problems, fmt.Sprintf("%s GetTopic: %v, want PermissionDenied", fn.Name, err))
+		}
+		// Cluster-scoped: nodes are only read, by those that keep the
+		// evidence; nothing else.
+		for _, verb := range []string{"get", "list", "create", "update", "delete"} {
+			if slices.Contains(fn.KubeCluster[wiring.ResourceNodes], verb) {
+				continue
+			}
+			probes++
+			if err := clusterProbe(ctx, kc, wiring.ResourceNodes, verb); !apierrors.IsForbidden(err) {
+				problems = append(problems, fmt.Sprintf("%s %s nodes: %v, want 403 Forbidden", fn.Name, verb, err))
+			}
 		}
 		probes++ // RayJobs in every namespace at once: no ClusterRole
 		if err := kc.RESTClient().Get().AbsPath("/apis/ray.io/v1/rayjobs").Param("labelSelector", probeName).Do(ctx).Error(); !apierrors.IsForbidden(err) {
@@ -243,8 +257,15 @@ func kubeProbe(ctx context.Context, kc *kubernetes.Clientset, namespace, resourc
 	if g := wiring.KubeGroups[resource]; g != "" {
 		prefix = "/apis/" + g + "/v1"
 	}
+	resource, sub, _ := strings.Cut(resource, "/") // pods/log: /pods/<name>/log
 	collection := []string{prefix, "namespaces", namespace, resource}
+	if namespace == "" {
+		collection = []string{prefix, resource} // cluster-scoped
+	}
 	object := append(slices.Clone(collection), probeName)
+	if sub != "" {
+		object = append(object, sub)
+	}
 	body := []byte(`{"metadata":{"name":"` + probeName + `"}}`)
 	var req *rest.Request
 	switch verb {
@@ -260,6 +281,11 @@ func kubeProbe(ctx context.Context, kc *kubernetes.Clientset, namespace, resourc
 		req = rc.Delete().AbsPath(object...)
 	}
 	return req.SetHeader("Content-Type", "application/json").Do(ctx).Error()
+}
+
+// clusterProbe is kubeProbe on a cluster-scoped resource.
+func clusterProbe(ctx context.Context, kc *kubernetes.Clientset, resource, verb string) error {
+	return kubeProbe(ctx, kc, "", resource, verb)
 }
 
 // httpStatus is the status of one request.

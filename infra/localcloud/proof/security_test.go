@@ -1,6 +1,8 @@
 package proof_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -69,9 +71,29 @@ func testNothingReachesAShell(t *testing.T) {
 	}
 }
 
+// objectsOf reads every object of bucket whose name keep accepts.
+func objectsOf(ctx context.Context, t *testing.T, bucket string, keep func(string) bool) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	it := st.GCS.Bucket(bucket).Objects(ctx, nil)
+	for {
+		a, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if keep(a.Name) {
+			out[a.Name] = readObject(t, st.GCS.Bucket(bucket).Object(a.Name))
+		}
+	}
+}
+
 // testSecrets searches everything the suite's runs left for the token
 // planted in the Secret: every event, every object of the intake bucket
-// (run records, leases, claims), every log and state file of the local
+// (run records, leases, claims), the runs' evidence folders (their pods'
+// logs, statuses and events), every log and state file of the local
 // cloud, and every object the API server holds for the runs (Secrets
 // aside). Each source must be non-empty and must hold the runs' IDs, so the
 // search would have found the token had it been there.
@@ -117,22 +139,30 @@ func testSecrets(t *testing.T) {
 
 	objs := map[string][]byte{}
 	for _, bucket := range []string{stack.IntakeBucket, stack.StateBucket} {
-		it := st.GCS.Bucket(bucket).Objects(ctx, nil)
-		for {
-			a, err := it.Next()
-			if errors.Is(err, iterator.Done) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if bucket == stack.IntakeBucket && strings.HasPrefix(a.Name, "jobs/") {
-				continue // what users uploaded, the planted spec among them
-			}
-			objs[bucket+"/"+a.Name] = readObject(t, st.GCS.Bucket(bucket).Object(a.Name))
+		for name, b := range objectsOf(ctx, t, bucket, func(name string) bool {
+			return bucket != stack.IntakeBucket || !strings.HasPrefix(name, "jobs/") // not what users uploaded, the planted spec among them
+		}) {
+			objs[bucket+"/"+name] = b
 		}
 	}
 	search("intake and state bucket objects (records, leases, claims, cancellations)", objs)
+
+	// The evidence finalize kept of the runs' pods: logs (ungzipped),
+	// statuses, events, manifests.
+	kept := objectsOf(ctx, t, output, func(name string) bool { return strings.Contains(name, "/evidence/") })
+	for name, b := range kept {
+		if !strings.HasSuffix(name, ".gz") {
+			continue
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if kept[name], err = io.ReadAll(zr); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	search("evidence folders (pod logs, statuses, events)", kept)
 
 	logs := map[string][]byte{}
 	if err := filepath.WalkDir(st.StateDir(), func(path string, d fs.DirEntry, err error) error {

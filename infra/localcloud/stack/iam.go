@@ -62,6 +62,11 @@ func (s *Stack) grantAll(ctx context.Context) error {
 		if _, err := kc.RbacV1().Roles(Namespace).Create(ctx, f.Role(Namespace), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create role of %s: %w", f.Name, err)
 		}
+		if cr := f.ClusterRole(); cr != nil {
+			if _, err := kc.RbacV1().ClusterRoles().Create(ctx, cr, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("create cluster role of %s: %w", f.Name, err)
+			}
+		}
 		if err := s.Grant(ctx, f.EntryPoint); err != nil {
 			return err
 		}
@@ -69,7 +74,7 @@ func (s *Stack) grantAll(ctx context.Context) error {
 	return nil
 }
 
-// Grant binds a function's Role to its identity (again).
+// Grant binds a function's Role (and ClusterRole) to its identity (again).
 func (s *Stack) Grant(ctx context.Context, target string) error {
 	f := functionOf(target)
 	kc, err := s.admin()
@@ -80,11 +85,17 @@ func (s *Stack) Grant(ctx context.Context, target string) error {
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("bind role of %s: %w", f.Name, err)
 	}
+	if b := f.ClusterRoleBinding(f.Identity(Project)); b != nil {
+		if _, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("bind cluster role of %s: %w", f.Name, err)
+		}
+	}
 	return nil
 }
 
-// Revoke removes a function's RoleBinding: the state right after a
-// deployment whose grants have not reached the cluster yet.
+// Revoke removes a function's RoleBinding (and ClusterRoleBinding): the
+// state right after a deployment whose grants have not reached the
+// cluster yet.
 func (s *Stack) Revoke(ctx context.Context, target string) error {
 	kc, err := s.admin()
 	if err != nil {
@@ -93,6 +104,12 @@ func (s *Stack) Revoke(ctx context.Context, target string) error {
 	err = kc.RbacV1().RoleBindings(Namespace).Delete(ctx, "raydrop-"+functionOf(target).Name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("unbind role of %s: %w", target, err)
+	}
+	if functionOf(target).ClusterRole() != nil {
+		err = kc.RbacV1().ClusterRoleBindings().Delete(ctx, "raydrop-"+functionOf(target).Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("unbind cluster role of %s: %w", target, err)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -24,6 +25,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/config"
+	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/wiring"
@@ -292,7 +294,7 @@ func byFunction(reqs []faults.Request) string {
 // after the terminal event, and announced by an event of its own).
 func (b *bench) latency(n, lanes int) error {
 	var mu sync.Mutex
-	var toJob, toEvent, toReport []float64
+	var toJob, toEvent, toReport, capture []float64
 	var errs []error
 	var wg sync.WaitGroup
 	for lane := range lanes {
@@ -304,6 +306,7 @@ func (b *bench) latency(n, lanes int) error {
 					errs = append(errs, err)
 				} else {
 					toJob, toEvent, toReport = append(toJob, l.toJob), append(toEvent, l.toEvent), append(toReport, l.toReport)
+					capture = append(capture, l.capture)
 				}
 				mu.Unlock()
 			}
@@ -323,6 +326,11 @@ func (b *bench) latency(n, lanes int) error {
 	b.add("latency", "Ray job end → report ready, p50", percentile(toReport, 50), "s", -1, note)
 	b.add("latency", "Ray job end → report ready, p95", percentile(toReport, 95), "s", -1, note)
 	b.add("latency", "Ray job end → report ready, p99", percentile(toReport, 99), "s", -1, note)
+	// The evidence's capture, within the job end → terminal event figures:
+	// finalize keeps it before the workers are scaled down, within its
+	// budget (60 s by default).
+	b.add("latency", "evidence capture (pods' logs, statuses, events), p50", percentile(capture, 50), "s", -1, note)
+	b.add("latency", "evidence capture (pods' logs, statuses, events), p99", percentile(capture, 99), "s", evidence.DefaultBudget.Seconds(), note)
 	return nil
 }
 
@@ -331,6 +339,7 @@ type runLatency struct {
 	toJob    float64 // the upload → the RayJob's creation
 	toEvent  float64 // the Ray job's end → the terminal event's arrival
 	toReport float64 // the Ray job's end → the report_ready event's arrival
+	capture  float64 // the evidence's capture, from its manifest
 }
 
 // oneRun uploads one spec and measures its latencies.
@@ -370,7 +379,35 @@ func (b *bench) oneRun(name, cluster string) (runLatency, error) {
 	if ended.IsZero() {
 		return l, fmt.Errorf("run %s: the simulator has no end time for its Ray job", runID)
 	}
-	return runLatency{toJob: created[0].At.Sub(uploaded).Seconds(), toEvent: term.At.Sub(ended).Seconds(), toReport: rep.At.Sub(ended).Seconds()}, nil
+	m, err := b.evidence(term.Evidence, 1)
+	if err != nil {
+		return l, fmt.Errorf("run %s: %w", runID, err)
+	}
+	return runLatency{toJob: created[0].At.Sub(uploaded).Seconds(), toEvent: term.At.Sub(ended).Seconds(), toReport: rep.At.Sub(ended).Seconds(),
+		capture: m.FinishedAt.Sub(m.StartedAt).Seconds()}, nil
+}
+
+// evidence reads the manifest of an attempt's evidence under a run's
+// evidence folder (gs://…/evidence/), and fails unless it is complete.
+func (b *bench) evidence(folder string, attempt int) (*evidence.Manifest, error) {
+	bucket, prefix, ok := strings.Cut(strings.TrimPrefix(folder, "gs://"), "/")
+	if !ok || !strings.HasSuffix(prefix, "/"+evidence.Folder+"/") {
+		return nil, fmt.Errorf("the terminal event's evidence folder %q", folder)
+	}
+	name := evidence.AttemptFolder(strings.TrimSuffix(prefix, "/"+evidence.Folder+"/"), attempt) + "/" + evidence.ManifestFile
+	rd, err := b.st.GCS.Bucket(bucket).Object(name).NewReader(b.ctx)
+	if err != nil {
+		return nil, fmt.Errorf("evidence manifest gs://%s/%s: %w", bucket, name, err)
+	}
+	defer func() { _ = rd.Close() }()
+	var m evidence.Manifest
+	if err := json.NewDecoder(rd).Decode(&m); err != nil {
+		return nil, fmt.Errorf("evidence manifest gs://%s/%s: %w", bucket, name, err)
+	}
+	if !m.Complete {
+		return nil, fmt.Errorf("evidence of attempt %d incomplete: %+v", attempt, m.Missing)
+	}
+	return &m, nil
 }
 
 // throughput uploads n specs at once over clusters clusters (named

@@ -1,0 +1,91 @@
+package e2e_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/runs"
+	"github.com/raydrop/raydrop/schemas"
+)
+
+// checkEvidence reads a run's evidence folder as a person would a day
+// later, from its bucket alone: the record and the terminal event point
+// at it, its last attempt's manifest is complete and true to the files,
+// the pods' statuses and events are there, and the submitter's log (the
+// driver's output) holds want.
+func checkEvidence(t *testing.T, r *runs.Record, evs []probe.Seen, want string) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := probe.Runs(st).Get(ctx, r.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, folder, ok := strings.Cut(strings.TrimPrefix(r.Evidence, "gs://"), "/")
+	if !ok || !strings.HasSuffix(folder, "/"+r.RunID+"/evidence/") {
+		t.Fatalf("the record's evidence folder %q, want gs://<bucket>/.../%s/evidence/", r.Evidence, r.RunID)
+	}
+	for _, e := range evs {
+		if runs.Phase(strings.ToUpper(e.Phase)).Terminal() && e.Evidence != r.Evidence {
+			t.Errorf("the %s event's evidence %q, the record's %q", e.Phase, e.Evidence, r.Evidence)
+		}
+	}
+	read := func(name string) []byte {
+		t.Helper()
+		rd, err := st.GCS.Bucket(bucket).Object(name).NewReader(ctx)
+		if err != nil {
+			t.Fatalf("gs://%s/%s: %v", bucket, name, err)
+		}
+		defer func() { _ = rd.Close() }()
+		b, err := io.ReadAll(rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	attempt := evidence.AttemptFolder(strings.TrimSuffix(folder, "/"+evidence.Folder+"/"), r.Attempt)
+	doc := read(attempt + "/" + evidence.ManifestFile)
+	if err := schemas.ValidateEvidence(doc); err != nil {
+		t.Fatalf("manifest breaks its schema: %v\n%s", err, doc)
+	}
+	var m evidence.Manifest
+	if err := json.Unmarshal(doc, &m); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Complete || m.RunID != r.RunID || m.Attempt != r.Attempt {
+		t.Errorf("manifest of %s attempt %d: %+v", m.RunID, m.Attempt, m)
+	}
+	var submitter string
+	for _, f := range m.Files {
+		if got := len(read(attempt + "/" + f.Path)); got != f.Bytes {
+			t.Errorf("%s: %d bytes, the manifest says %d", f.Path, got, f.Bytes)
+		}
+		if f.Kind == evidence.KindLog && strings.HasPrefix(f.Pod, m.RayJob+"-") {
+			submitter = f.Path
+		}
+	}
+	var pods []evidence.PodRecord
+	if err := json.Unmarshal(read(attempt+"/pods.json"), &pods); err != nil || len(pods) < 2 {
+		t.Errorf("pods.json: %d pods (%v), want the head, the workers and the submitter", len(pods), err)
+	}
+	if submitter == "" {
+		t.Fatalf("no submitter log in the manifest: %+v", m.Files)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(read(attempt + "/" + submitter)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), want) {
+		t.Errorf("the submitter's log %s has no %q:\n%s", submitter, want, log)
+	}
+}

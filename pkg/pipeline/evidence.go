@@ -1,0 +1,67 @@
+package pipeline
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/manifests"
+	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// KeepEvidence keeps the evidence of one of the run's attempts
+// (pkg/evidence) before its pods go, unless an earlier delivery did: it
+// returns the run's evidence folder ("" for a run that had no attempt on
+// a cluster). Finalize calls it before it releases the cluster; the
+// monitor before it deletes a RayJob (a deadline, a cancellation, an
+// early stop) and before a retry replaces the attempt. It never holds the
+// teardown up for longer than the deployment's budget, and never fails
+// the delivery: what it could not keep, its manifest says.
+func (d *Deps) KeepEvidence(ctx context.Context, rec *runs.Record, attempt int) string {
+	if rec.Spec == nil || attempt == 0 || rec.Cluster == "" {
+		return ""
+	}
+	bucket, runFolder := manifests.Storage(rec.Spec, rec.RunID)
+	folder := "gs://" + bucket + "/" + runFolder + "/" + evidence.Folder + "/"
+	kept := evidence.AttemptFolder(runFolder, attempt)
+	switch _, _, err := d.Objects.Read(ctx, bucket, kept+"/"+evidence.ManifestFile, 1); {
+	case err == nil, errors.Is(err, gcp.ErrTooLarge):
+		return folder // an earlier delivery captured it
+	case !errors.Is(err, checkpoints.ErrNotFound):
+		d.Log.Warn("evidence_unchecked", "run_id", rec.RunID, "error", err.Error())
+	}
+	t := evidence.Target{RunID: rec.RunID, Attempt: attempt, Namespace: rec.Namespace, Cluster: rec.Cluster, RayJob: names.RayJob(rec.RunID, attempt)}
+	o := evidence.Options{Budget: cmp.Or(d.Config.EvidenceBudget, evidence.DefaultBudget), LogCap: cmp.Or(d.Config.EvidenceLogCap, evidence.DefaultLogCap)}
+	m, err := evidence.Capture(ctx, d.Kube, objectWriter{d.Objects, bucket, kept}, t, o, d.Time)
+	if err != nil {
+		d.Log.Error("evidence_not_kept", "run_id", rec.RunID, "attempt", attempt, "error", err.Error())
+		return ""
+	}
+	level, what := d.Log.Info, "evidence_kept"
+	if !m.Complete {
+		level, what = d.Log.Warn, "evidence_partial"
+	}
+	level(what, "run_id", rec.RunID, "attempt", attempt, "uri", folder, "files", len(m.Files), "missing", len(m.Missing),
+		"seconds", m.FinishedAt.Sub(m.StartedAt).Seconds())
+	return folder
+}
+
+// objectWriter creates the evidence's objects in an attempt's folder.
+type objectWriter struct {
+	objects Objects
+	bucket  string
+	folder  string
+}
+
+func (w objectWriter) Create(ctx context.Context, name string, data []byte, contentType string) error {
+	err := w.objects.Create(ctx, w.bucket, w.folder+"/"+name, data, contentType)
+	if errors.Is(err, gcp.ErrExists) {
+		return fmt.Errorf("%s: %w", name, evidence.ErrExists)
+	}
+	return err
+}
