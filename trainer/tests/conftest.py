@@ -91,6 +91,16 @@ def dataset(assets):
     return data.load_rows(assets["dataset"], "train")
 
 
+_session = {}
+
+
+@pytest.fixture(scope="session")
+def ray_logs(ray_address):
+    """The shared local Ray cluster's log folder (<session dir>/logs), as a Ray node's
+    /tmp/ray/session_latest/logs."""
+    return os.path.join(_session["dir"], "logs")
+
+
 @pytest.fixture(scope="session")
 def ray_address(tmp_path_factory):
     """A local Ray cluster, shared by the tests that run Ray Train for real.
@@ -118,6 +128,7 @@ def ray_address(tmp_path_factory):
         configure_logging=False,
         _temp_dir=temp_dir,
     )
+    _session["dir"] = ctx.address_info["session_dir"]
     yield ctx.address_info["address"]
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)

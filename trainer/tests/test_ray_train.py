@@ -533,3 +533,44 @@ def test_a_staging_failure_leaves_no_mark(ray_address, storage, assets, tmp_path
     assert proc.returncode == 1, out[-4000:]
     assert f"could not stage the model at {uri}" in out and "no completion mark" in out, out[-4000:]
     assert not os.path.exists(os.path.join(storage, "exp-stage-fails", "raydrop_result.json"))
+
+
+def test_the_ray_log_collector_copies_a_real_sessions_logs(ray_address, ray_logs, tmp_path):
+    """The collector (raylogs.py) over a real Ray session's log folder: Ray's own logs and a
+    worker process's output file, with a line a task printed, land in the destination; a
+    second copy writes only what changed."""
+    import time
+
+    import ray
+
+    import raylogs
+
+    marker = f"raylogs-marker-{os.getpid()}-{time.time_ns()}"
+
+    @ray.remote
+    def say(text):
+        print(text, flush=True)
+        return os.getpid()
+
+    pid = ray.get(say.remote(marker))
+    # The worker's standard output goes to worker-<id>-<job>-<pid>.out in the log folder.
+    deadline = time.time() + 30
+    while True:
+        outs = [p for p in glob.glob(os.path.join(ray_logs, f"worker-*-{pid}.out")) if marker in open(p, errors="replace").read()]
+        if outs or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert outs, sorted(os.listdir(ray_logs))
+    dest = tmp_path / "evidence" / "ray" / "head"
+    c = raylogs.Collector(ray_logs, str(dest))
+    written, err = c.sync()
+    assert err is None and written >= 3, (written, err)
+    for name in ("raylet.out", "gcs_server.out", os.path.basename(outs[0])):
+        assert (dest / name).exists(), sorted(os.listdir(dest))
+    assert marker in (dest / os.path.basename(outs[0])).read_text(errors="replace")
+    index = json.loads((dest / raylogs.INDEX).read_text())
+    assert index["files"]["raylet.out"]["bytes"] > 0
+    # Ray keeps writing (raylet's periodic lines, the task's): a copy soon after
+    # writes some files again, not all of them.
+    again, err = c.sync()
+    assert err is None and again < written, (again, written)
