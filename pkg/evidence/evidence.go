@@ -60,6 +60,23 @@ func AttemptFolder(runFolder string, attempt int) string {
 	return fmt.Sprintf("%s/%s/attempt-%d", runFolder, Folder, attempt)
 }
 
+// URI is the gs:// URI of a run's evidence folder: the run's folder in
+// bucket, then evidence/.
+func URI(bucket, runFolder string) string {
+	return "gs://" + bucket + "/" + runFolder + "/" + Folder + "/"
+}
+
+// Locate is the bucket and the attempt's folder (an object prefix, as
+// AttemptFolder gives it) of an evidence folder's URI, as URI writes it.
+func Locate(uri string, attempt int) (bucket, folder string, err error) {
+	bucket, prefix, ok := strings.Cut(strings.TrimPrefix(uri, "gs://"), "/")
+	runFolder, isEvidence := strings.CutSuffix(prefix, "/"+Folder+"/")
+	if !ok || !strings.HasPrefix(uri, "gs://") || !isEvidence || runFolder == "" {
+		return "", "", fmt.Errorf("%q is not an evidence folder (gs://<bucket>/<run folder>/%s/)", uri, Folder)
+	}
+	return bucket, AttemptFolder(runFolder, attempt), nil
+}
+
 // Target is what a capture reads: the attempt's RayCluster and RayJob (its
 // submitter Job has the RayJob's name).
 type Target struct {

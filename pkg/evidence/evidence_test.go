@@ -45,3 +45,17 @@ func TestPodNames(t *testing.T) {
 		}
 	}
 }
+
+// TestLocate: an evidence folder's URI, as URI writes it, gives back its
+// bucket and an attempt's folder; anything else is refused.
+func TestLocate(t *testing.T) {
+	b, f, err := Locate(URI("ckpt", "team/r1"), 2)
+	if err != nil || b != "ckpt" || f != "team/r1/evidence/attempt-2" {
+		t.Errorf("Locate(URI) = %q, %q, %v", b, f, err)
+	}
+	for _, bad := range []string{"", "gs://ckpt", "gs://ckpt/team/r1/", "gs://ckpt/evidence/", "s3://ckpt/team/r1/evidence/"} {
+		if _, _, err := Locate(bad, 1); err == nil {
+			t.Errorf("Locate(%q) accepted", bad)
+		}
+	}
+}

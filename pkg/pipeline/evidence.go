@@ -27,10 +27,10 @@ func (d *Deps) KeepEvidence(ctx context.Context, rec *runs.Record, attempt int) 
 		return ""
 	}
 	bucket, runFolder := manifests.Storage(rec.Spec, rec.RunID)
-	folder := "gs://" + bucket + "/" + runFolder + "/" + evidence.Folder + "/"
+	folder := evidence.URI(bucket, runFolder)
 	kept := evidence.AttemptFolder(runFolder, attempt)
-	switch _, _, err := d.Objects.Read(ctx, bucket, kept+"/"+evidence.ManifestFile, 1); {
-	case err == nil, errors.Is(err, gcp.ErrTooLarge):
+	switch _, _, err := d.Objects.Read(ctx, bucket, kept+"/"+evidence.ManifestFile, 4<<20); {
+	case err == nil:
 		return folder // an earlier delivery captured it
 	case !errors.Is(err, checkpoints.ErrNotFound):
 		d.Log.Warn("evidence_unchecked", "run_id", rec.RunID, "error", err.Error())

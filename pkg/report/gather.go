@@ -96,8 +96,10 @@ func Build(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs
 
 // readEvidence reads the manifest of the last attempt's evidence.
 func (in *Input) readEvidence(ctx context.Context, bucket func(string) checkpoints.Store, rec *runs.Record) error {
-	b, folder, _ := strings.Cut(strings.TrimPrefix(rec.Evidence, "gs://"), "/")
-	folder = evidence.AttemptFolder(strings.TrimSuffix(folder, "/"+evidence.Folder+"/"), rec.Attempt)
+	b, folder, err := evidence.Locate(rec.Evidence, rec.Attempt)
+	if err != nil {
+		return fmt.Errorf("run %s: %w: %w", rec.RunID, checkpoints.ErrUnreadable, err)
+	}
 	st := bucket(b)
 	name := folder + "/" + evidence.ManifestFile
 	doc, err := st.Read(ctx, name, 4<<20)

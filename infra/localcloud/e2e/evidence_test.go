@@ -27,9 +27,9 @@ func checkEvidence(t *testing.T, r *runs.Record, evs []probe.Seen, want string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	bucket, folder, ok := strings.Cut(strings.TrimPrefix(r.Evidence, "gs://"), "/")
-	if !ok || !strings.HasSuffix(folder, "/"+r.RunID+"/evidence/") {
-		t.Fatalf("the record's evidence folder %q, want gs://<bucket>/.../%s/evidence/", r.Evidence, r.RunID)
+	bucket, attempt, err := evidence.Locate(r.Evidence, r.Attempt)
+	if err != nil || !strings.HasSuffix(r.Evidence, "/"+r.RunID+"/evidence/") {
+		t.Fatalf("the record's evidence folder %q (%v), want gs://<bucket>/.../%s/evidence/", r.Evidence, err, r.RunID)
 	}
 	for _, e := range evs {
 		if runs.Phase(strings.ToUpper(e.Phase)).Terminal() && e.Evidence != r.Evidence {
@@ -49,7 +49,6 @@ func checkEvidence(t *testing.T, r *runs.Record, evs []probe.Seen, want string) 
 		}
 		return b
 	}
-	attempt := evidence.AttemptFolder(strings.TrimSuffix(folder, "/"+evidence.Folder+"/"), r.Attempt)
 	doc := read(attempt + "/" + evidence.ManifestFile)
 	if err := schemas.ValidateEvidence(doc); err != nil {
 		t.Fatalf("manifest breaks its schema: %v\n%s", err, doc)

@@ -390,11 +390,11 @@ func (b *bench) oneRun(name, cluster string) (runLatency, error) {
 // evidence reads the manifest of an attempt's evidence under a run's
 // evidence folder (gs://…/evidence/), and fails unless it is complete.
 func (b *bench) evidence(folder string, attempt int) (*evidence.Manifest, error) {
-	bucket, prefix, ok := strings.Cut(strings.TrimPrefix(folder, "gs://"), "/")
-	if !ok || !strings.HasSuffix(prefix, "/"+evidence.Folder+"/") {
-		return nil, fmt.Errorf("the terminal event's evidence folder %q", folder)
+	bucket, prefix, err := evidence.Locate(folder, attempt)
+	if err != nil {
+		return nil, fmt.Errorf("the terminal event's evidence: %w", err)
 	}
-	name := evidence.AttemptFolder(strings.TrimSuffix(prefix, "/"+evidence.Folder+"/"), attempt) + "/" + evidence.ManifestFile
+	name := prefix + "/" + evidence.ManifestFile
 	rd, err := b.st.GCS.Bucket(bucket).Object(name).NewReader(b.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("evidence manifest gs://%s/%s: %w", bucket, name, err)
