@@ -75,13 +75,14 @@ func TestRenderTier(t *testing.T) {
 }
 
 // TestRenderTrainerImage: --trainer-image renders as the pipeline does on a
-// deployment with one: both containers on it, no pip in the runtime env;
-// without it, the stock images and the pip list.
+// deployment with one: both Ray containers and their raylogs sidecars on
+// it, no pip in the runtime env; without it, the stock images and the pip
+// list.
 func TestRenderTrainerImage(t *testing.T) {
 	const image = "us-docker.pkg.dev/p/raydrop/trainer@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	code, out, stderr := run("render", "../../examples/gemma3-vision.json", "--trainer-image", image)
-	if code != 0 || strings.Count(out, "image: "+image) != 2 || strings.Contains(out, "rayproject/ray") || strings.Contains(out, "torch==") {
-		t.Errorf("render --trainer-image: exit %d, stderr %q; want both containers on it and no pip\n%s", code, stderr, out)
+	if code != 0 || strings.Count(out, "image: "+image) != 4 || strings.Contains(out, "rayproject/ray") || strings.Contains(out, "torch==") {
+		t.Errorf("render --trainer-image: exit %d, stderr %q; want the head, the workers and their sidecars on it and no pip\n%s", code, stderr, out)
 	}
 	code, out, _ = run("render", "../../examples/gemma3-vision.json")
 	if code != 0 || !strings.Contains(out, "image: rayproject/ray:2.48.0-gpu") || !strings.Contains(out, "torch==") {

@@ -13,6 +13,8 @@
 //	  logs/<pod>/<container>.log.gz      a container's log (its last LogCap bytes)
 //	  logs/<pod>/<container>.previous.log.gz
 //	                                     the container that ran before a restart
+//	  ray/<pod>/                         the node's Ray logs, copied by the pod's
+//	                                     raylogs sidecar while it lived (RayFolder)
 //
 // A capture never runs longer than its budget: when the budget is spent,
 // what is left is named missing in the manifest and the teardown goes on.
@@ -47,6 +49,12 @@ const Folder = "evidence"
 
 // ManifestFile is the manifest's name in an attempt's evidence folder.
 const ManifestFile = "manifest.json"
+
+// RayFolder is the folder in an attempt's evidence folder where the Ray
+// pods' raylogs sidecars copy their nodes' Ray logs, one folder per pod
+// (trainer/raylogs.py; not listed in the manifest: the nodes write it
+// while they live, and a worker's last copy may come after the manifest).
+const RayFolder = "ray"
 
 // Defaults of a deployment's capture settings.
 const (

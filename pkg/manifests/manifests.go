@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -38,6 +39,8 @@ const (
 	CheckPath      = "/code/datacheck.py"
 	codeVolume     = "job-code"
 	scratchVolume  = "local-storage"
+	rayLogsVolume  = "ray-logs"
+	rayLogsPath    = "/tmp/ray"
 	scratchPath    = "/mnt/local-ssd/"
 	headContainer  = "ray-head"
 	workerContaine = "ray-worker"
@@ -179,6 +182,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 		VolumeMounts: mounts(),
 		Lifecycle:    &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: PreStop}}},
 	}
+	sidecars := func(image string) []corev1.Container { return []corev1.Container{RayLogsSidecar(image)} }
 	nodeSelector, tolerations := WorkerPlacement(s, tier)
 	return &rayv1.RayCluster{
 		TypeMeta: metav1.TypeMeta{APIVersion: rayv1.GroupVersion.String(), Kind: "RayCluster"},
@@ -194,6 +198,7 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 				RayStartParams: map[string]string{"dashboard-host": "0.0.0.0"},
 				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 					ServiceAccountName: c.ServiceAccount,
+					InitContainers:     sidecars(c.HeadImage()),
 					Containers:         []corev1.Container{head},
 					Volumes:            volumes(cm, nil),
 				}},
@@ -206,12 +211,53 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 				RayStartParams: map[string]string{},
 				Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 					ServiceAccountName: c.ServiceAccount,
+					InitContainers:     sidecars(c.WorkerImage()),
 					Containers:         []corev1.Container{worker},
 					Volumes:            volumes(cm, &scratch),
 					NodeSelector:       nodeSelector,
 					Tolerations:        tolerations,
 				}},
 			}},
+		},
+	}
+}
+
+// RayLogsContainer is the Ray pods' log collector: trainer/raylogs.py run
+// as a native sidecar (an init container that restarts Always, Kubernetes
+// 1.29 and later, so GKE stops it after the Ray container, and its last
+// copy sees Ray's last words). It shares Ray's /tmp/ray through an
+// emptyDir and copies the node's Ray logs (/tmp/ray/session_latest/logs:
+// every worker process's whole output, the raylet's, the GCS server's on
+// the head) to the evidence folder of the head's latest job every few
+// seconds and on SIGTERM, so they outlive the pod. The RayCluster outlives
+// the runs it serves: the job names its folder in its runtime env
+// (EvidenceEnv), which the sidecar reads through the head's Jobs API at
+// FQ_RAY_IP, the head service KubeRay gives every init container.
+const RayLogsContainer = "raylogs"
+
+// EvidenceEnv is the runtime env variable in which a RayJob names its
+// attempt's evidence folder (trainer/raylogs.py EVIDENCE_ENV).
+const EvidenceEnv = "RAYDROP_EVIDENCE"
+
+// RayLogsSidecar is the RayLogsContainer of a Ray pod whose Ray container
+// runs image (its Python runs the collector, from the trainer code).
+func RayLogsSidecar(image string) corev1.Container {
+	return corev1.Container{
+		Name:          RayLogsContainer,
+		Image:         image,
+		RestartPolicy: ptr(corev1.ContainerRestartPolicyAlways),
+		Command: []string{"python", CodeMountPath + "raylogs.py", "--logs", rayLogsPath + "/session_latest/logs",
+			"--follow", "http://$(FQ_RAY_IP):8265", "--pod", "$(RAYDROP_POD)"},
+		Env: []corev1.EnvVar{{Name: "RAYDROP_POD", ValueFrom: &corev1.EnvVarSource{
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"},
+		}}},
+		// Small and fixed, as KubeRay's own init container is: Autopilot
+		// bills every container's requests, and gives one that asks for no
+		// ephemeral storage 1 GiB of it; this one writes nothing to disk.
+		Resources: sameLimits(corev1.ResourceList{corev1.ResourceCPU: q("200m"), corev1.ResourceMemory: q("512Mi"), corev1.ResourceEphemeralStorage: q("100Mi")}),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: codeVolume, MountPath: CodeMountPath, ReadOnly: true},
+			{Name: rayLogsVolume, MountPath: rayLogsPath, ReadOnly: true},
 		},
 	}
 }
@@ -574,6 +620,7 @@ func RuntimeEnvYAML(s *spec.JobSpec, run Run) string {
 	}{pip, map[string]string{
 		"RAY_JOB_STOP_WAIT_TIME_S": strconv.Itoa(StopWaitSeconds),
 		DatasetFormatEnv:           DatasetFormat(s),
+		EvidenceEnv:                EvidenceFolder(s, run.ID, run.Attempt),
 	}})
 	if err != nil {
 		panic(err) // strings always marshal
@@ -599,10 +646,18 @@ func podEnv(s *spec.JobSpec) []corev1.EnvVar {
 	}}
 }
 
+// EvidenceFolder is the gs:// URI of an attempt's evidence folder
+// (pkg/evidence), ending in a slash.
+func EvidenceFolder(s *spec.JobSpec, runID string, attempt int) string {
+	bucket, runFolder := Storage(s, runID)
+	return "gs://" + bucket + "/" + evidence.AttemptFolder(runFolder, attempt) + "/"
+}
+
 func mounts() []corev1.VolumeMount {
 	return []corev1.VolumeMount{
 		{Name: codeVolume, MountPath: CodeMountPath},
 		{Name: scratchVolume, MountPath: scratchPath},
+		{Name: rayLogsVolume, MountPath: rayLogsPath},
 	}
 }
 
@@ -614,6 +669,7 @@ func volumes(configMap string, size *resource.Quantity) []corev1.Volume {
 			LocalObjectReference: corev1.LocalObjectReference{Name: configMap},
 		}}},
 		{Name: scratchVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: size}}},
+		{Name: rayLogsVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 }
 

@@ -133,6 +133,23 @@ func TestMatchesTutorial(t *testing.T) {
 			}
 			setPath(t, got, c+".env", env[:1])
 		}
+		// The Ray log collector: a native sidecar on head and workers,
+		// sharing /tmp/ray through its own emptyDir (the last volume and
+		// mount).
+		for _, g := range []string{"spec.headGroupSpec", "spec.workerGroupSpecs.0"} {
+			init := get(t, got, g+".template.spec.initContainers").([]any)
+			if len(init) != 1 || init[0].(map[string]any)["name"] != manifests.RayLogsContainer || init[0].(map[string]any)["restartPolicy"] != "Always" {
+				t.Errorf("%s init containers = %v, want the %s sidecar alone", g, init, manifests.RayLogsContainer)
+			}
+			deletePath(got, g+".template.spec.initContainers")
+			vols := get(t, got, g+".template.spec.volumes").([]any)
+			ms := get(t, got, g+".template.spec.containers.0.volumeMounts").([]any)
+			if v, m := vols[len(vols)-1].(map[string]any), ms[len(ms)-1].(map[string]any); v["name"] != "ray-logs" || m["name"] != "ray-logs" || m["mountPath"] != "/tmp/ray" {
+				t.Errorf("%s: last volume %v and mount %v, want ray-logs at /tmp/ray", g, v, m)
+			}
+			setPath(t, got, g+".template.spec.volumes", vols[:len(vols)-1])
+			setPath(t, got, g+".template.spec.containers.0.volumeMounts", ms[:len(ms)-1])
+		}
 		// The worker's preStop hook gives the trainer a preemption notice.
 		deletePath(got, "spec.workerGroupSpecs.0.template.spec.containers.0.lifecycle")
 		// The workers' scratch is sized for the model: the container asks
@@ -190,8 +207,11 @@ func TestMatchesTutorial(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 2 || vars[manifests.DatasetFormatEnv] == nil || vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil {
-			t.Errorf("runtime env variables = %v, want only %s and RAY_JOB_STOP_WAIT_TIME_S", gotEnv["env_vars"], manifests.DatasetFormatEnv)
+		// The attempt's evidence folder tells the Ray pods' log collectors
+		// where this job's logs go.
+		wantEvidence := "gs://" + s.Output.Bucket + "/" + s.Output.Prefix + "/" + run.ID + "/evidence/attempt-1/"
+		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 3 || vars[manifests.DatasetFormatEnv] == nil || vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil || vars[manifests.EvidenceEnv] != wantEvidence {
+			t.Errorf("runtime env variables = %v, want only %s, RAY_JOB_STOP_WAIT_TIME_S and %s=%s", gotEnv["env_vars"], manifests.DatasetFormatEnv, manifests.EvidenceEnv, wantEvidence)
 		}
 		delete(gotEnv, "env_vars")
 		if !reflect.DeepEqual(gotEnv, wantEnv) {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"html/template"
 	"path"
+	"sort"
 	"strings"
 	"time"
 
@@ -111,6 +112,24 @@ func (in *Input) readEvidence(ctx context.Context, bucket func(string) checkpoin
 		return fmt.Errorf("parse %s: %w: %w", st.URI(name), checkpoints.ErrUnreadable, err)
 	}
 	in.Evidence = ev
+	// The Ray pods' own logs, copied by their sidecars while they lived.
+	ray := folder + "/" + evidence.RayFolder + "/"
+	names, err := st.List(ctx, ray)
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		pod, file, ok := strings.Cut(strings.TrimPrefix(n, ray), "/")
+		if !ok || file == "" {
+			continue
+		}
+		if k := len(ev.RayLogs); k == 0 || ev.RayLogs[k-1].Pod != pod {
+			ev.RayLogs = append(ev.RayLogs, RayLogs{Pod: pod, Folder: st.URI(ray + pod)})
+		}
+		l := &ev.RayLogs[len(ev.RayLogs)-1]
+		l.Files = append(l.Files, file)
+	}
 	return nil
 }
 

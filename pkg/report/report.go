@@ -55,6 +55,16 @@ type Input struct {
 type Evidence struct {
 	Folder   string // gs://…/evidence/attempt-<n>
 	Manifest evidence.Manifest
+	// RayLogs are the Ray pods' own log folders the raylogs sidecars
+	// copied beside the manifest (ray/<pod>/), by pod name.
+	RayLogs []RayLogs
+}
+
+// RayLogs is one Ray pod's copied log folder.
+type RayLogs struct {
+	Pod    string
+	Folder string // gs://…/evidence/attempt-<n>/ray/<pod>
+	Files  []string
 }
 
 // Attempt is the metrics of every report one attempt logged.

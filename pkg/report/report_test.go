@@ -185,10 +185,21 @@ func TestReportOfAFailedRun(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, evidence.ManifestFile), doc, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// What a worker's raylogs sidecar copied beside it.
+	ray := filepath.Join(dir, "ray", "c-gpu-group-worker-abcde")
+	if err := os.MkdirAll(ray, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"index.json", "raylet.out", "worker-0a1b-02000000-4251.err"} {
+		if err := os.WriteFile(filepath.Join(ray, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	page := build(t, bucket, rec)
 	for _, s := range []string{`id="reason"`, "too many long rows", `class="phase failed"`, "the run did not finish training",
 		`id="evidence"`, "1 thing(s) could not be kept", "attempt-1/logs/c-gpu-group-worker-abcde/ray-worker.previous.log.gz",
-		"ray-worker (before its restart)", "the last 2048.0 KiB of 3072.0 KiB", "not kept: the capture&#39;s budget was spent"} {
+		"ray-worker (before its restart)", "the last 2048.0 KiB of 3072.0 KiB", "not kept: the capture&#39;s budget was spent",
+		`id="ray-logs"`, "evidence/attempt-1/ray/c-gpu-group-worker-abcde/", "<code>worker-0a1b-02000000-4251.err</code>"} {
 		if !strings.Contains(page, s) {
 			t.Errorf("%q missing", s)
 		}

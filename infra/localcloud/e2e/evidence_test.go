@@ -11,6 +11,7 @@ import (
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/schemas"
 )
@@ -86,5 +87,24 @@ func checkEvidence(t *testing.T, r *runs.Record, evs []probe.Seen, want string) 
 	}
 	if !strings.Contains(string(log), want) {
 		t.Errorf("the submitter's log %s has no %q:\n%s", submitter, want, log)
+	}
+	// Ray's own logs, copied by the head's raylogs sidecar while it ran:
+	// the driver's output and its index.
+	var head string
+	for _, p := range pods {
+		if p.Labels["ray.io/node-type"] == "head" {
+			head = p.Name
+		}
+	}
+	ray := attempt + "/" + evidence.RayFolder + "/" + head + "/"
+	var index struct {
+		Files map[string]struct{ Bytes, Kept int } `json:"files"`
+	}
+	if err := json.Unmarshal(read(ray+"index.json"), &index); err != nil {
+		t.Fatalf("%sindex.json: %v", ray, err)
+	}
+	driver := "job-driver-" + names.SubmissionID(r.RunID, r.Attempt) + ".log"
+	if e, ok := index.Files[driver]; !ok || e.Kept == 0 || len(read(ray+driver)) != e.Kept {
+		t.Errorf("the head's Ray logs %s: index %+v, want %s in it and as long as it says", ray, index.Files, driver)
 	}
 }

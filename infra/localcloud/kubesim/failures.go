@@ -165,11 +165,15 @@ func (t *trainer) rankFailure(ctx context.Context, step int) (rayv1.JobStatus, s
 	case CudaOOM:
 		oom := cudaOOM(rank)
 		t.rankLines(prefix, traceback(oom)...)
+		t.rankOut(ctx, rank, "err", traceback(oom)...)
 		errText = oom
 	case NcclTimeout:
-		t.rankLines(prefix, ncclWatchdog(rank, 40*step+7, time.Now())...)
+		lines := ncclWatchdog(rank, 40*step+7, time.Now())
+		t.rankLines(prefix, lines...)
+		t.rankOut(ctx, rank, "err", lines...)
 		errText = "WorkerGroupError: Training failed due to worker errors: " + actorDied(4242+rank, ip)
 	case HostOOM:
+		t.p.d.sim.rayLogs.write(pod, "raylet.out", memoryMonitorKill(rank, ip, time.Now()))
 		errText = hostOOM(4242+rank, ip)
 	case OOMKilled:
 		if pod != nil {

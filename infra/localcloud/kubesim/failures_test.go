@@ -2,20 +2,27 @@ package kubesim_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"path"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"cloud.google.com/go/storage"
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
+	"google.golang.org/api/iterator"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
 	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/manifests"
 )
 
 // TestFailureModes plays each failure of a rank and looks for it where a
@@ -29,17 +36,24 @@ func TestFailureModes(t *testing.T) {
 		outcome kubesim.Outcome
 		want    []string // in the driver's output, after the rank's prefix where ranked
 		ranked  bool
+		// In the Ray log folder of the rank's worker pod, as its raylogs
+		// sidecar copied it: file (a glob) -> a line in it.
+		rayLog map[string]string
 	}{
-		{kubesim.CudaOOM, []string{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"}, true},
-		{kubesim.NcclTimeout, []string{"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "To avoid data inconsistency, we are taking the entire process down."}, true},
-		{kubesim.HostOOM, []string{"ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."}, false},
-		{kubesim.OOMKilled, []string{"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", "killed by SIGKILL by OOM killer"}, false},
+		{kubesim.CudaOOM, []string{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"}, true,
+			map[string]string{"worker-*-4251.err": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"}},
+		{kubesim.NcclTimeout, []string{"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "To avoid data inconsistency, we are taking the entire process down."}, true,
+			map[string]string{"worker-*-4251.err": "Watchdog caught collective operation timeout"}},
+		{kubesim.HostOOM, []string{"ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."}, false,
+			map[string]string{"raylet.out": "killed due to memory pressure (OOM)"}},
+		{kubesim.OOMKilled, []string{"ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", "killed by SIGKILL by OOM killer"}, false,
+			map[string]string{"raylet.out": "Raylet of id"}},
 	} {
 		t.Run(string(tc.outcome), func(t *testing.T) {
 			t.Parallel()
 			cluster := "sim-" + string(tc.outcome)
 			rank := 9 // of 16, on the second of two worker pods
-			_, rj := startJob(t, cluster, kubesim.Scenario{Outcome: tc.outcome, At: 2, Rank: &rank})
+			s, rj := startJob(t, cluster, kubesim.Scenario{Outcome: tc.outcome, At: 2, Rank: &rank})
 			rayJobEnds(t, rj.Name, rayv1.JobDeploymentStatusFailed, 60*time.Second)
 			var sub corev1.Pod
 			waitFor(t, "the submitter pod ended", 20*time.Second, func() (bool, error) {
@@ -70,6 +84,22 @@ func TestFailureModes(t *testing.T) {
 					t.Errorf("the evidence's submitter log has no %q", w)
 				}
 			}
+			// Ray's own logs, beside the evidence: the rank's whole output on
+			// its worker pod, the driver's on the head.
+			folder := strings.TrimPrefix(manifests.EvidenceFolder(s, cluster+"-0001", 1), "gs://"+bucketName+"/")
+			ray := rayLogsOf(t, folder, workers[1].Name)
+			for glob, line := range tc.rayLog {
+				if !slices.ContainsFunc(slices.Collect(maps.Keys(ray)), func(name string) bool {
+					ok, _ := path.Match(glob, name)
+					return ok && strings.Contains(ray[name], line)
+				}) {
+					t.Errorf("%s's Ray logs have no %s with %q: %v", workers[1].Name, glob, line, slices.Sorted(maps.Keys(ray)))
+				}
+			}
+			head := listPods(t, cluster, "head")[0]
+			if driver := rayLogsOf(t, folder, head.Name)["job-driver-"+rj.Spec.JobId+".log"]; !strings.Contains(driver, tc.want[0]) {
+				t.Errorf("the head's Ray logs have no driver log with %q:\n%s", tc.want[0], driver)
+			}
 			st := workers[1].Status.ContainerStatuses[0]
 			kst := ev.pod(t, workers[1].Name).Status.ContainerStatuses[0]
 			if tc.outcome != kubesim.OOMKilled {
@@ -93,6 +123,44 @@ func TestFailureModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rayLogsOf is what pod's raylogs sidecar copied to the evidence folder:
+// file -> content, checked against its index.json.
+func rayLogsOf(t *testing.T, folder, pod string) map[string]string {
+	t.Helper()
+	prefix := folder + "ray/" + pod + "/"
+	files := map[string]string{}
+	it := gcs.Bucket(bucketName).Objects(context.Background(), &storage.Query{Prefix: prefix})
+	for {
+		a, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[strings.TrimPrefix(a.Name, prefix)] = string(readObject(t, a.Name))
+	}
+	var index struct {
+		Logs  string `json:"logs"`
+		Files map[string]struct {
+			Bytes, Kept int
+			Capped      bool
+		} `json:"files"`
+	}
+	if err := json.Unmarshal([]byte(files["index.json"]), &index); err != nil {
+		t.Fatalf("%sindex.json: %v (files %v)", prefix, err, slices.Sorted(maps.Keys(files)))
+	}
+	if index.Logs != "/tmp/ray/session_latest/logs" || len(index.Files) != len(files)-1 {
+		t.Errorf("%sindex.json: %+v, for files %v", prefix, index, slices.Sorted(maps.Keys(files)))
+	}
+	for name, e := range index.Files {
+		if len(files[name]) != e.Kept || e.Capped {
+			t.Errorf("%s%s: %d bytes, index.json says %+v", prefix, name, len(files[name]), e)
+		}
+	}
+	return files
 }
 
 // TestImagePullFails: workers whose image cannot be pulled wait in

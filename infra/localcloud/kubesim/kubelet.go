@@ -88,17 +88,23 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		cond(corev1.ContainersReady), cond(corev1.PodReady),
 	}
 	pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses = nil, nil
-	var ids []string
+	var ids, sidecars []string
 	for _, c := range pod.Spec.InitContainers {
 		id, err := k.logs.start(pod, c.Name, 0)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		k.logs.stop(id)
-		pod.Status.InitContainerStatuses = append(pod.Status.InitContainerStatuses, corev1.ContainerStatus{
-			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, ContainerID: id,
-			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now, ContainerID: id}},
-		})
+		st := corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, ContainerID: id}
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			// A native sidecar: it runs beside the containers until they
+			// have stopped.
+			sidecars = append(sidecars, id)
+			st.Started, st.State = ptr.To(true), corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+		} else {
+			k.logs.stop(id)
+			st.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now, ContainerID: id}}
+		}
+		pod.Status.InitContainerStatuses = append(pod.Status.InitContainerStatuses, st)
 	}
 	for _, c := range pod.Spec.Containers {
 		id, err := k.logs.start(pod, c.Name, 0)
@@ -120,10 +126,16 @@ func (k *kubelet) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	if err := k.Status().Update(ctx, pod); err != nil {
-		for _, id := range ids {
+		for _, id := range append(ids, sidecars...) {
 			k.logs.stop(id) // never ran: the next try starts others
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if isRayNode(pod) && k.sim != nil {
+		k.sim.rayLogs.write(pod, "raylet.out", rayletStart(pod, ip, now.Time))
+		if pod.Labels[utils.RayNodeTypeLabelKey] == string(rayv1.HeadNode) {
+			k.sim.rayLogs.write(pod, "gcs_server.out", gcsStart(now.Time))
+		}
 	}
 	k.started(ctx, pod, scheduled, now)
 	return ctrl.Result{}, nil
@@ -146,25 +158,37 @@ const nodeIP = "127.0.0.1"
 // terminate ends a deleted pod as its kubelet does: a pod on no node is
 // already gone (the API server deletes it at once); one on a node has its
 // containers stopped (exit code 143: ended by SIGTERM, the signal the
-// kubelet sends), its status updated, then is deleted with grace 0.
+// kubelet sends), then its native sidecars (the raylogs sidecar makes its
+// last copy on SIGTERM and exits 0), its status updated, then is deleted
+// with grace 0.
 func (k *kubelet) terminate(ctx context.Context, pod *corev1.Pod) error {
 	if pod.Spec.NodeName == "" {
 		return nil
 	}
 	now := metav1.Now()
 	changed := false
-	for i := range pod.Status.ContainerStatuses {
-		cs := &pod.Status.ContainerStatuses[i]
-		if cs.State.Running == nil {
-			continue
+	if k.sim != nil {
+		if err := k.sim.collectRayLogs(ctx, pod); err != nil && ctx.Err() == nil {
+			k.sim.log.Warn("kubesim: the Ray log sidecar's last copy", "pod", pod.Name, "err", err)
 		}
-		k.logs.stop(cs.ContainerID)
-		cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-			ExitCode: 143, Reason: "Error", StartedAt: cs.State.Running.StartedAt, FinishedAt: now, ContainerID: cs.ContainerID,
-		}}
-		cs.Ready, cs.Started = false, ptr.To(false)
-		changed = true
+		k.sim.rayLogs.forget(pod)
 	}
+	stop := func(statuses []corev1.ContainerStatus, exitCode int32, reason string) {
+		for i := range statuses {
+			cs := &statuses[i]
+			if cs.State.Running == nil {
+				continue
+			}
+			k.logs.stop(cs.ContainerID)
+			cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: exitCode, Reason: reason, StartedAt: cs.State.Running.StartedAt, FinishedAt: now, ContainerID: cs.ContainerID,
+			}}
+			cs.Ready, cs.Started = false, ptr.To(false)
+			changed = true
+		}
+	}
+	stop(pod.Status.ContainerStatuses, 143, "Error")
+	stop(pod.Status.InitContainerStatuses, 0, "Completed")
 	if changed {
 		if err := k.Status().Update(ctx, pod); err != nil {
 			return client.IgnoreNotFound(err)
@@ -277,6 +301,9 @@ func (s *Sim) RestartContainer(ctx context.Context, ns, pod, container string, e
 			cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
 			cs.ContainerID = id
 			cs.RestartCount++
+			if isRayNode(p) {
+				s.rayLogs.write(p, "raylet.out", rayletStart(p, p.Status.PodIP, now.Time))
+			}
 			if err := s.Client.Status().Update(ctx, p); err != nil {
 				s.logs.stop(id)
 				return err

@@ -196,6 +196,9 @@ type JobRecord struct {
 	Submitted    time.Time         `json:"submitted"`
 	Started      time.Time         `json:"started,omitzero"`
 	Ended        time.Time         `json:"ended,omitzero"`
+	// Evidence is the attempt's evidence folder the RayJob names in its
+	// runtime env, where the Ray pods' log sidecars copy (raylogs.go).
+	Evidence string `json:"evidence,omitempty"`
 	// StagedModel: this job copied the base model from the Hub into the
 	// staging bucket (--stage-model true, and no marker there yet).
 	StagedModel bool `json:"stagedModel,omitempty"`
@@ -217,6 +220,7 @@ type Sim struct {
 	dash       *dashboard
 	dir        string // the kubelets' certificates and the containers' logs
 	logs       *containerLogs
+	rayLogs    rayNodeLogs // each Ray pod's Ray log folder (raylogs.go)
 	kubeletSrv *kubeletServer
 
 	stopOnce sync.Once

@@ -17,6 +17,7 @@ import (
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -177,7 +178,7 @@ func (p *play) run(ctx context.Context) {
 	sc = sc.withDefaults()
 	args, argErr := parseEntrypoint(rj.Spec.Entrypoint)
 	p.update(func(r *JobRecord) {
-		r.Cluster, r.Scenario = cluster, sc
+		r.Cluster, r.Scenario, r.Evidence = cluster, sc, evidenceOf(rj)
 		if args != nil {
 			for k, v := range args.all {
 				r.Args[k] = v
@@ -212,6 +213,7 @@ func (p *play) run(ctx context.Context) {
 	case err != nil:
 		return
 	}
+	t.ranksStarted(ctx)
 	outcome, errText := t.train(ctx)
 	switch outcome {
 	case "":
@@ -261,6 +263,8 @@ type trainer struct {
 	stageSeconds float64
 	// driverLog is the driver's output so far (driverlog.go).
 	driverLog strings.Builder
+	// head is the head pod, where the driver runs (found at its first line).
+	head *corev1.Pod
 }
 
 // train runs the steps and returns the Ray job's terminal status, "" if the

@@ -246,6 +246,7 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 
 	s.mgrDone = make(chan error, 1)
 	go func() { s.mgrDone <- mgr.Start(runCtx) }()
+	go s.copyRayLogsEvery(runCtx, rayLogsEvery)
 	syncCtx, syncCancel := context.WithTimeout(ctx, time.Minute)
 	defer syncCancel()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
