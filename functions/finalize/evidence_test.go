@@ -92,6 +92,14 @@ func TestFinalizeKeepsEvidence(t *testing.T) {
 	if terminal.Evidence != r.Evidence {
 		t.Errorf("the failed event's evidence %q, want %q", terminal.Evidence, r.Evidence)
 	}
+	// The cause, named from the evidence read back: the head's container
+	// the OOM killer ended.
+	if c := r.Cause; c == nil || c.Kind != "OOMKilled" || c.Pod != head.Name || c.Hint == "" {
+		t.Errorf("record's cause %+v, want OOMKilled on %s with a hint", c, head.Name)
+	}
+	if terminal.Cause != "OOMKilled" || !strings.Contains(terminal.Summary, "OOMKilled") || terminal.Hint == "" {
+		t.Errorf("the failed event's cause %q summary %q hint %q, want OOMKilled", terminal.Cause, terminal.Summary, terminal.Hint)
+	}
 	if w.Workers() != 0 {
 		t.Errorf("%d workers after finalize", w.Workers())
 	}

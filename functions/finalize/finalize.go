@@ -15,6 +15,7 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
+	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
@@ -116,6 +117,7 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 			return nil, nil, false, now, err
 		}
 	}
+	why := h.why(ctx, rec, res, evidenceURI)
 	now = h.Deps.Time()
 	ended := false
 	rec, err := h.Deps.Runs.Update(ctx, rec.RunID, func(r *runs.Record) error {
@@ -129,6 +131,13 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 				return err
 			}
 			ended = true
+			if r.Phase != runs.Succeeded {
+				// Named from the run's final reason and what it left.
+				in := why
+				in.Reason, in.Message = r.Reason, r.Message
+				c := cause.Classify(in)
+				r.Cause = &c
+			}
 		}
 		if !r.Phase.Terminal() {
 			return pipeline.Permanent(fmt.Errorf("run %s is %s: it has not ended", r.RunID, r.Phase))
@@ -143,7 +152,11 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 		return nil, nil, false, now, err
 	}
 	if ended {
-		h.Deps.Log.Info("run_ended", "run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "message", rec.Message, "checkpoints", len(rec.Result.Checkpoints))
+		attrs := []any{"run_id", rec.RunID, "phase", rec.Phase, "reason", rec.Reason, "message", rec.Message, "checkpoints", len(rec.Result.Checkpoints)}
+		if c := rec.Cause; c != nil {
+			attrs = append(attrs, "cause", c.Kind, "summary", c.Summary)
+		}
+		h.Deps.Log.Info("run_ended", attrs...)
 	}
 	return rec, owed, held, now, nil
 }

@@ -110,20 +110,7 @@ type Log struct {
 }
 
 // Cause is why a run failed.
-type Cause struct {
-	Kind    Kind   `json:"cause"`
-	Summary string `json:"summary"`
-	Hint    string `json:"hint,omitempty"`
-	// Rank is the failing rank where the lines name it (-1: not known);
-	// Pod the pod that held it or showed the cause; Step the last step
-	// the attempt reported before it (0: none).
-	Rank int    `json:"rank"`
-	Pod  string `json:"pod,omitempty"`
-	Step int64  `json:"step,omitempty"`
-	// Lines are the lines that show it, and Source where they were read.
-	Lines  []string `json:"lines,omitempty"`
-	Source string   `json:"source,omitempty"`
-}
+type Cause = runs.Cause
 
 // signature is a cause read from log lines.
 type signature struct {
@@ -153,6 +140,9 @@ var (
 	imagePullWRE = regexp.MustCompile(`^(ErrImagePull|ImagePullBackOff|InvalidImageName|ErrImageNeverPull)$`)
 )
 
+// markSource is the Source of a cause read from the trainer's mark.
+const markSource = "the trainer's completion mark"
+
 // contextLines is how many lines after the matching one a cause keeps.
 const contextLines = 4
 
@@ -163,13 +153,13 @@ func Classify(in Input) Cause {
 		c.Step = in.Step
 	}
 	c.Summary = summary(c, in)
-	c.Hint = hints[c.Kind]
+	c.Hint = hints[Kind(c.Kind)]
 	return c
 }
 
 func classify(in Input) Cause {
 	if in.Reason == runs.ReasonCancelled {
-		return Cause{Kind: Cancelled, Rank: -1}
+		return Cause{Kind: string(Cancelled), Rank: -1}
 	}
 	if c, ok := imagePull(in); ok {
 		return c
@@ -183,24 +173,24 @@ func classify(in Input) Cause {
 	if in.Mark != nil && in.Mark.Error != "" {
 		for _, s := range signatures {
 			if s.re.MatchString(in.Mark.Error) {
-				return Cause{Kind: s.kind, Rank: -1, Lines: []string{in.Mark.Error}, Source: "the trainer's completion mark"}
+				return Cause{Kind: string(s.kind), Rank: -1, Lines: []string{in.Mark.Error}, Source: markSource}
 			}
 		}
 	}
 	switch {
 	case in.Reason == runs.Preempted || (in.Mark != nil && in.Mark.Status == "preempted"):
-		return Cause{Kind: Preempted, Rank: -1}
+		return Cause{Kind: string(Preempted), Rank: -1}
 	case in.Reason == runs.Reason(Stalled):
-		return Cause{Kind: Stalled, Rank: -1}
+		return Cause{Kind: string(Stalled), Rank: -1}
 	case in.Reason == runs.DeadlineExceeded || in.Reason == runs.StartDeadlineExceeded:
-		return Cause{Kind: DeadlineExceeded, Rank: -1}
+		return Cause{Kind: string(DeadlineExceeded), Rank: -1}
 	case in.Reason == runs.InvalidData:
-		return Cause{Kind: DataError, Rank: -1, Lines: []string{in.Message}, Source: "the data check"}
+		return Cause{Kind: string(DataError), Rank: -1, Lines: []string{in.Message}, Source: "the data check"}
 	}
 	if c, ok := pythonException(in); ok {
 		return c
 	}
-	return Cause{Kind: Unknown, Rank: -1}
+	return Cause{Kind: string(Unknown), Rank: -1}
 }
 
 // imagePull finds a pod that cannot pull its image.
@@ -209,13 +199,13 @@ func imagePull(in Input) (Cause, bool) {
 		for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			if w := s.State.Waiting; w != nil && imagePullWRE.MatchString(w.Reason) {
 				line := fmt.Sprintf("%s/%s: %s: %s", p.Name, s.Name, w.Reason, w.Message)
-				return Cause{Kind: ImagePull, Rank: -1, Pod: p.Name, Lines: append([]string{line}, pullEvents(in, p.Name)...), Source: "pods.json"}, true
+				return Cause{Kind: string(ImagePull), Rank: -1, Pod: p.Name, Lines: append([]string{line}, pullEvents(in, p.Name)...), Source: "pods.json"}, true
 			}
 		}
 	}
 	for _, e := range in.Events {
 		if e.InvolvedObject.Kind == "Pod" && e.Reason == "Failed" && strings.Contains(e.Message, "Failed to pull image") {
-			return Cause{Kind: ImagePull, Rank: -1, Pod: e.InvolvedObject.Name, Lines: []string{e.Message}, Source: "events.json"}, true
+			return Cause{Kind: string(ImagePull), Rank: -1, Pod: e.InvolvedObject.Name, Lines: []string{e.Message}, Source: "events.json"}, true
 		}
 	}
 	return Cause{}, false
@@ -239,7 +229,7 @@ func oomKilled(in Input) (Cause, bool) {
 			for _, t := range []*corev1.ContainerStateTerminated{s.State.Terminated, s.LastTerminationState.Terminated} {
 				if t != nil && t.Reason == "OOMKilled" {
 					line := fmt.Sprintf("%s/%s: terminated with exit code %d, reason OOMKilled (restarts: %d)", p.Name, s.Name, t.ExitCode, s.RestartCount)
-					return Cause{Kind: OOMKilled, Rank: -1, Pod: p.Name, Lines: []string{line}, Source: "pods.json"}, true
+					return Cause{Kind: string(OOMKilled), Rank: -1, Pod: p.Name, Lines: []string{line}, Source: "pods.json"}, true
 				}
 			}
 		}
@@ -257,12 +247,9 @@ func fromLogs(in Input) (Cause, bool) {
 				if !s.re.MatchString(body) {
 					continue
 				}
-				c := Cause{Kind: s.kind, Rank: -1, Pod: l.Pod, Source: l.Source}
+				c := Cause{Kind: string(s.kind), Rank: -1, Pod: writer(in.Pods, l, line), Source: l.Source}
 				c.Lines = block(lines, i, line)
 				c.Rank = rankOf(c.Lines)
-				if c.Pod == "" {
-					c.Pod = podOf(in.Pods, line)
-				}
 				return c, true
 			}
 		}
@@ -299,6 +286,15 @@ func rankOf(lines []string) int {
 		}
 	}
 	return -1
+}
+
+// writer is the pod that wrote a line: the one whose IP the line's Ray
+// prefix names (a worker's line on the driver), else the log's.
+func writer(pods []evidence.PodRecord, l Log, line string) string {
+	if p := podOf(pods, line); p != "" {
+		return p
+	}
+	return l.Pod
 }
 
 // podOf is the pod whose IP a driver line's Ray prefix names.
@@ -339,10 +335,7 @@ func pythonException(in Input) (Cause, bool) {
 					if len(frames) > 3 {
 						frames = frames[len(frames)-3:]
 					}
-					c := Cause{Kind: PythonException, Rank: -1, Pod: l.Pod, Source: l.Source, Lines: append([]string{body}, frames...)}
-					if c.Pod == "" {
-						c.Pod = podOf(in.Pods, line)
-					}
+					c := Cause{Kind: string(PythonException), Rank: -1, Pod: writer(in.Pods, l, line), Source: l.Source, Lines: append([]string{body}, frames...)}
 					c.Rank = rankOf(c.Lines)
 					return c, true
 				}
@@ -352,7 +345,7 @@ func pythonException(in Input) (Cause, bool) {
 	for _, text := range []string{markError(in), in.Message} {
 		for _, line := range strings.Split(text, "\n") {
 			if exceptionRE.MatchString(strings.TrimSpace(line)) {
-				return Cause{Kind: PythonException, Rank: -1, Lines: []string{strings.TrimSpace(line)}, Source: "the trainer's completion mark"}, true
+				return Cause{Kind: string(PythonException), Rank: -1, Lines: []string{strings.TrimSpace(line)}, Source: markSource}, true
 			}
 		}
 	}
@@ -367,7 +360,7 @@ func markError(in Input) string {
 }
 
 // Exception is the exception type a PythonException's first line names.
-func (c Cause) Exception() string {
+func Exception(c Cause) string {
 	if len(c.Lines) == 0 {
 		return ""
 	}
@@ -396,7 +389,7 @@ func summary(c Cause, in Input) string {
 			first = first[:200] + "…"
 		}
 	}
-	switch c.Kind {
+	switch Kind(c.Kind) {
 	case OOMKilled:
 		return "a container was killed at its memory limit (OOMKilled)" + where
 	case HostOutOfMemory:
@@ -414,7 +407,7 @@ func summary(c Cause, in Input) string {
 	case DataError:
 		return "the data cannot be trained on: " + first
 	case PythonException:
-		return "the training code raised " + c.Exception() + where + ": " + strings.TrimPrefix(strings.TrimPrefix(first, c.Exception()), ": ")
+		return "the training code raised " + Exception(c) + where + ": " + strings.TrimPrefix(strings.TrimPrefix(first, Exception(c)), ": ")
 	case Preempted:
 		return "the GPU nodes were taken back (preemption) more often than limits.preemptions allows"
 	case Stalled:

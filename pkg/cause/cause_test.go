@@ -121,7 +121,7 @@ func TestClassify(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Classify(tc.in)
-			if c.Kind != tc.want || c.Rank != tc.rank || c.Pod != tc.pod {
+			if Kind(c.Kind) != tc.want || c.Rank != tc.rank || c.Pod != tc.pod {
 				t.Fatalf("cause %s rank %d pod %q; want %s rank %d pod %q\n%+v", c.Kind, c.Rank, c.Pod, tc.want, tc.rank, tc.pod, c)
 			}
 			if tc.line != "" && !strings.Contains(strings.Join(c.Lines, "\n"), tc.line) {
@@ -130,7 +130,7 @@ func TestClassify(t *testing.T) {
 			if !strings.Contains(c.Summary, tc.summary) || c.Summary == "" {
 				t.Errorf("summary %q, want it to hold %q", c.Summary, tc.summary)
 			}
-			if c.Kind != Cancelled && c.Hint == "" {
+			if Kind(c.Kind) != Cancelled && c.Hint == "" {
 				t.Errorf("%s has no hint", c.Kind)
 			}
 		})

@@ -320,6 +320,12 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Message != "" {
 		fmt.Fprintf(tw, "message\t%s\n", r.Message)
 	}
+	if c := r.Cause; c != nil {
+		fmt.Fprintf(tw, "cause\t%s: %s\n", c.Kind, c.Summary)
+		if c.Hint != "" {
+			fmt.Fprintf(tw, "hint\t%s\n", c.Hint)
+		}
+	}
 	fmt.Fprintf(tw, "source\t%s\n", r.Source)
 	if line := trialLine(r); line != "" {
 		fmt.Fprintf(tw, "sweep\t%s\n", line)

@@ -23,6 +23,9 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 	if p == r.Phase || p.Terminal() {
 		d.Reason, d.Message = r.Reason, r.Message
 	}
+	if c := r.Cause; c != nil && (p.Terminal() || p == runs.ReportReady) {
+		d.Cause, d.Summary, d.Hint = c.Kind, c.Summary, c.Hint
+	}
 	if p == runs.Running || p.Terminal() {
 		d.Capacity = capacityOf(r, r.UpdatedAt)
 		d.Startup = startupOf(r)

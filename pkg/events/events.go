@@ -112,6 +112,12 @@ type Run struct {
 	// Evidence is the gs:// URI of the run's evidence folder
 	// (pkg/evidence), once kept: terminal and report_ready events.
 	Evidence string `json:"evidence,omitempty"`
+	// Cause names why a failed or cancelled run ended (pkg/cause),
+	// Summary says it in one line and Hint what to change: terminal and
+	// report_ready events of runs finalize concluded.
+	Cause   string `json:"cause,omitempty"`
+	Summary string `json:"summary,omitempty"`
+	Hint    string `json:"hint,omitempty"`
 	// Outcome is how the run ended, the phase of its terminal event
 	// (report_ready events).
 	Outcome string `json:"outcome,omitempty"`

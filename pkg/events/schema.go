@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
 )
@@ -113,6 +114,9 @@ func Schema(phase string) []byte {
 		},
 		"report":   map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+[.]html$", "description": "the run's report: one self-contained HTML page (curves, timeline, checkpoints, sample answers, cost); the report_ready event carries it, a terminal event only when the report was written before it went out (subscribers that want the report wait for report_ready)"},
 		"evidence": map[string]any{"type": "string", "pattern": "^gs://[^/]+/.+/evidence/$", "description": "the run's evidence folder, kept before its GPU workers were scaled down: for each attempt (attempt-<n>/), every Ray pod's and the submitter pod's container logs, the pods' statuses, the Kubernetes events of the run's objects, and a manifest.json of what was kept and what could not be (terminal and report_ready events of runs that had an attempt on a cluster)"},
+		"cause":    map[string]any{"enum": causeKinds(), "description": "why the run ended other than succeeded, named from its reason, its trainer's mark and its evidence: OOMKilled (a container ended at its memory limit), HostOutOfMemory (Ray's memory monitor killed a worker), CudaOutOfMemory, NcclTimeout (a collective timed out), NcclError, GpuError (a CUDA device error such as an illegal memory access or an ECC error), ImagePull, DataError, PythonException (any other exception of the training code), Preempted, Stalled, DeadlineExceeded, Cancelled or Unknown (terminal and report_ready events of runs that ended other than succeeded; absent from events of earlier versions)"},
+		"summary":  map[string]any{"type": "string", "minLength": 1, "description": "the cause in one line, with the rank, pod and step where known"},
+		"hint":     map[string]any{"type": "string", "description": "what to change, naming the job spec's fields"},
 		"outcome":  map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
@@ -250,6 +254,15 @@ func reasonSchema() map[string]any {
 }
 
 // terminalEvents are the terminal phases' events, sorted.
+// causeKinds are the causes pkg/cause names.
+func causeKinds() []string {
+	out := make([]string, len(cause.Kinds))
+	for i, k := range cause.Kinds {
+		out[i] = string(k)
+	}
+	return out
+}
+
 func terminalEvents() []string { return slices.Sorted(maps.Keys(Terminal)) }
 
 func numberMap() map[string]any {

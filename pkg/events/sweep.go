@@ -56,13 +56,17 @@ type SweepTrial struct {
 	Params []spec.ParamValue `json:"params"`
 	// Outcome is the trial run's terminal phase (succeeded, failed,
 	// cancelled, stopped, rejected), or notStarted.
-	Outcome        string      `json:"outcome"`
-	Reason         runs.Reason `json:"reason,omitempty"`
-	BestEvalLoss   *float64    `json:"bestEvalLoss,omitempty"`
-	BestCheckpoint string      `json:"bestCheckpoint,omitempty"`
-	Steps          int64       `json:"steps"`
-	GPUHours       float64     `json:"gpuHours"`
-	CostUSD        float64     `json:"costUsd"`
+	Outcome string      `json:"outcome"`
+	Reason  runs.Reason `json:"reason,omitempty"`
+	// Cause and Summary name why a trial that ended other than succeeded
+	// did (the cause of its run's terminal event).
+	Cause          string   `json:"cause,omitempty"`
+	Summary        string   `json:"summary,omitempty"`
+	BestEvalLoss   *float64 `json:"bestEvalLoss,omitempty"`
+	BestCheckpoint string   `json:"bestCheckpoint,omitempty"`
+	Steps          int64    `json:"steps"`
+	GPUHours       float64  `json:"gpuHours"`
+	CostUSD        float64  `json:"costUsd"`
 }
 
 // NotStarted is the outcome of a trial the sweep never started (it was
@@ -74,7 +78,7 @@ func SweepData(sw *sweeps.Record) Sweep {
 	d := Sweep{SweepID: sw.SweepID, Name: sw.Name, Source: sw.Source, SpecHash: sw.SpecHash, Phase: sw.Phase.Event(),
 		Reason: sw.Reason, Message: sw.Message, Report: sw.Report, StartedAt: sw.CreatedAt, EndedAt: sw.EndedAt, Trials: []SweepTrial{}}
 	for _, t := range sw.Trials {
-		row := SweepTrial{Index: t.Index, RunID: t.RunID, Params: t.Params, Outcome: NotStarted, Reason: t.Reason,
+		row := SweepTrial{Index: t.Index, RunID: t.RunID, Params: t.Params, Outcome: NotStarted, Reason: t.Reason, Cause: t.Cause, Summary: t.Summary,
 			BestEvalLoss: t.BestEvalLoss, BestCheckpoint: t.BestCheckpoint, Steps: t.Steps, GPUHours: t.GPUHours, CostUSD: t.CostUSD}
 		if t.Ended != "" {
 			row.Outcome = t.Ended.Event()
@@ -144,6 +148,8 @@ func SweepSchema(phase string) []byte {
 			"params":         params,
 			"outcome":        map[string]any{"enum": append(outcomes, NotStarted), "description": "the trial run's terminal phase, or notStarted"},
 			"reason":         reasonSchema(),
+			"cause":          map[string]any{"enum": causeKinds(), "description": "why the trial ended other than succeeded, as its run's terminal event names it"},
+			"summary":        map[string]any{"type": "string", "minLength": 1, "description": "the trial's cause in one line"},
 			"bestEvalLoss":   map[string]any{"type": "number"},
 			"bestCheckpoint": map[string]any{"type": "string", "minLength": 1},
 			"steps":          map[string]any{"type": "integer", "minimum": 0},

@@ -37,6 +37,8 @@ func TestSweepEventsValidate(t *testing.T) {
 				{Index: 2, RunID: sweeps.TrialRunID("lr-grid-0123456789ab", 2), Params: []spec.ParamValue{{Path: "training.learningRate", Value: 0.001}, {Path: "lora.r", Value: 16}},
 					Ended: runs.Stopped, Reason: runs.EarlyStopped, BestEvalLoss: loss(0.9), BestCheckpoint: "gs://o/lr-grid-0123456789ab-t002/attempt-1/checkpoint_000000", Steps: 10, GPUHours: 0.6, CostUSD: 6},
 				{Index: 3, RunID: sweeps.TrialRunID("lr-grid-0123456789ab", 3), Params: []spec.ParamValue{{Path: "training.learningRate", Value: 0.00005}, {Path: "lora.r", Value: 16}}},
+				{Index: 4, RunID: sweeps.TrialRunID("lr-grid-0123456789ab", 4), Params: []spec.ParamValue{{Path: "training.learningRate", Value: 0.0002}, {Path: "lora.r", Value: 64}},
+					Ended: runs.Failed, Reason: runs.ApplicationError, Cause: "CudaOutOfMemory", Summary: "CUDA out of memory after step 4 on rank 3"},
 			},
 		}
 		switch phase {
@@ -58,7 +60,7 @@ func TestSweepEventsValidate(t *testing.T) {
 		if e.Type() != events.SweepType(p.Event()) || e.Subject() != events.SweepSubjectPrefix+d.SweepID {
 			t.Errorf("%s: type %s, subject %s", p, e.Type(), e.Subject())
 		}
-		if d.StoppedEarly != 1 || d.Trials[2].Outcome != events.NotStarted || d.GPUHours != 3.1 {
+		if d.StoppedEarly != 1 || d.Trials[2].Outcome != events.NotStarted || d.GPUHours != 3.1 || d.Trials[3].Cause != "CudaOutOfMemory" {
 			t.Errorf("%s: stopped early %d, trial 3 %s, GPU-hours %v", p, d.StoppedEarly, d.Trials[2].Outcome, d.GPUHours)
 		}
 		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Data()))

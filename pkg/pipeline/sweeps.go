@@ -147,6 +147,9 @@ func (d *Deps) trialStates(ctx context.Context, sw *sweeps.Record) (map[string]s
 // loss, its steps, and the GPU time and cost it used up to now.
 func TrialState(rec *runs.Record, now time.Time, price float64) sweeps.TrialState {
 	st := sweeps.TrialState{Exists: true, Phase: rec.Phase, Reason: rec.Reason}
+	if c := rec.Cause; c != nil {
+		st.Cause, st.Summary = c.Kind, c.Summary
+	}
 	if rec.Progress != nil {
 		st.Steps = rec.Progress.Step
 	}

@@ -135,13 +135,16 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05 UTC")
 	},
-	"kib":    func(n int) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
-	"kib64":  func(n int64) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
-	"secs":   func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() },
-	"num":    num,
-	"usd":    func(f float64) string { return fmt.Sprintf("$%.2f", f) },
-	"lower":  strings.ToLower,
-	"metric": func(m map[string]float64, k string) string { return numOr(m, k) },
+	"kib": func(n int) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
+	// inFolder: a cause's source is a file of the evidence folder (not,
+	// say, the trainer's mark).
+	"inFolder": func(source string) bool { return !strings.Contains(source, " ") },
+	"kib64":    func(n int64) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) },
+	"secs":     func(s float64) string { return (time.Duration(s * float64(time.Second))).Round(time.Second).String() },
+	"num":      num,
+	"usd":      func(f float64) string { return fmt.Sprintf("$%.2f", f) },
+	"lower":    strings.ToLower,
+	"metric":   func(m map[string]float64, k string) string { return numOr(m, k) },
 }).Parse(pageText))
 
 // tierText is the capacity tier an attempt was on ("spot, tier 2 of 3"),

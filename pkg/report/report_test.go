@@ -168,6 +168,9 @@ func TestReportOfASucceededRun(t *testing.T) {
 func TestReportOfAFailedRun(t *testing.T) {
 	bucket, rec := stage(t, runs.Failed, "exp-fail")
 	rec.Reason, rec.Message = "JobFailed", "the trainer raised ValueError: too many long rows"
+	rec.Cause = &runs.Cause{Kind: "CudaOutOfMemory", Summary: "CUDA out of memory after step 12 on rank 3 (pod c-gpu-group-worker-abcde)",
+		Hint: "lower training.perDeviceBatchSize", Rank: 3, Pod: "c-gpu-group-worker-abcde", Step: 12,
+		Lines: []string{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.50 GiB."}, Source: "ray/c-gpu-group-worker-abcde/worker-0a1b-02000000-4251.err"}
 	// The evidence finalize kept: its files and what it could not keep.
 	rec.Evidence = "gs://ckpt/team/r1/evidence/"
 	m := evidence.Manifest{SchemaVersion: 1, RunID: "r1", Attempt: 1, LogCapBytes: 2 << 20, Files: []evidence.File{
@@ -199,6 +202,8 @@ func TestReportOfAFailedRun(t *testing.T) {
 	for _, s := range []string{`id="reason"`, "too many long rows", `class="phase failed"`, "the run did not finish training",
 		`id="evidence"`, "1 thing(s) could not be kept", "attempt-1/logs/c-gpu-group-worker-abcde/ray-worker.previous.log.gz",
 		"ray-worker (before its restart)", "the last 2048.0 KiB of 3072.0 KiB", "not kept: the capture&#39;s budget was spent",
+		`id="why"`, "Why it failed: CudaOutOfMemory", "CUDA out of memory after step 12 on rank 3", "What to change: lower training.perDeviceBatchSize",
+		"Tried to allocate 4.50 GiB.", "attempt-1/ray/c-gpu-group-worker-abcde/worker-0a1b-02000000-4251.err</span>",
 		`id="ray-logs"`, "evidence/attempt-1/ray/c-gpu-group-worker-abcde/", "<code>worker-0a1b-02000000-4251.err</code>"} {
 		if !strings.Contains(page, s) {
 			t.Errorf("%q missing", s)

@@ -30,6 +30,9 @@ type Record struct {
 	Reason   Reason         `json:"reason,omitempty"`
 	Message  string         `json:"message,omitempty"`
 	Problems []spec.Problem `json:"problems,omitempty"`
+	// Cause is why a failed or cancelled run ended, named from what it
+	// left (pkg/cause), once finalize has concluded it.
+	Cause *Cause `json:"cause,omitempty"`
 
 	Spec *spec.JobSpec `json:"spec,omitempty"`
 	// TrainerImage is the deployment's trainer image (by digest) when the
@@ -256,6 +259,24 @@ func (r *Record) Lost() (retried, preempted int) {
 }
 
 // Progress is the training progress read from Ray Train's result.json.
+// Cause is why a run ended other than succeeded, as pkg/cause names it
+// from the run's reason, its trainer's mark and its evidence.
+type Cause struct {
+	Kind    string `json:"kind"` // one of cause.Kinds
+	Summary string `json:"summary"`
+	Hint    string `json:"hint,omitempty"`
+	// Rank is the failing rank where the lines name it (-1: not known);
+	// Pod the pod that held it or showed the cause; Step the last step
+	// the attempt reported before it (0: none).
+	Rank int    `json:"rank"`
+	Pod  string `json:"pod,omitempty"`
+	Step int64  `json:"step,omitempty"`
+	// Lines are the lines that show it, Source where they were read (a
+	// path in the attempt's evidence folder).
+	Lines  []string `json:"lines,omitempty"`
+	Source string   `json:"source,omitempty"`
+}
+
 type Progress struct {
 	Step       int64     `json:"step"`
 	TotalSteps int64     `json:"totalSteps,omitempty"`

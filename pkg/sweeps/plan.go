@@ -17,6 +17,9 @@ type TrialState struct {
 	Exists bool
 	Phase  runs.Phase
 	Reason runs.Reason
+	// Cause and Summary name why a trial that ended other than succeeded
+	// did (runs.Cause).
+	Cause, Summary string
 	// EvalLosses is the held-out loss at each checkpoint it has written,
 	// and EvalSteps each one's step.
 	EvalLosses     []float64
@@ -66,6 +69,7 @@ func Advance(r *Record, states map[string]TrialState, leaving string, now time.T
 		}
 		if t.Ended == "" && st.Phase.Terminal() {
 			t.Ended, t.Reason, t.EndedAt = st.Phase, st.Reason, &now
+			t.Cause, t.Summary = st.Cause, st.Summary
 			t.BestEvalLoss, t.BestCheckpoint = st.BestEvalLoss, st.BestCheckpoint
 			changed = true
 		}

@@ -91,6 +91,10 @@ type Trial struct {
 	Ended   runs.Phase  `json:"ended,omitempty"`
 	Reason  runs.Reason `json:"reason,omitempty"`
 	EndedAt *time.Time  `json:"endedAt,omitempty"`
+	// Cause and Summary name why a trial that ended other than succeeded
+	// did (its run's cause).
+	Cause   string `json:"cause,omitempty"`
+	Summary string `json:"summary,omitempty"`
 	// EvalLosses is the held-out loss at each of its checkpoints, in order,
 	// as far as they are known (noted while it runs, completed when it
 	// ends).

@@ -265,6 +265,7 @@ func TestApplicationFailure(t *testing.T) {
 	fetchReport(t, r, reportURI(t, evs), filepath.Join(reportDir, "failed.html"))
 	// Its evidence holds the driver's failure.
 	checkEvidence(t, r, evs, "Trial task failed")
+	checkCause(t, runID, evs, "PythonException", "the training code raised RuntimeError")
 	waitNoWorkers(t, "e2e-appfail")
 }
 
@@ -314,6 +315,7 @@ func TestHangHitsDeadline(t *testing.T) {
 	// The monitor kept the evidence before it deleted the RayJob (and
 	// with it the submitter): the hung job's output up to its last step.
 	checkEvidence(t, r, eventsOf(t, runID), "Tailing logs until the job exits")
+	checkCause(t, runID, eventsOf(t, runID), "DeadlineExceeded", "longer than limits.deadline")
 	waitNoWorkers(t, "e2e-hang")
 }
 
@@ -339,6 +341,7 @@ func TestCancel(t *testing.T) {
 		t.Errorf("%d RayJobs left after cancellation, want 0", n)
 	}
 	checkEvidence(t, r, evs, "Tailing logs until the job exits")
+	checkCause(t, runID, evs, "Cancelled", "cancelled by a user")
 	waitNoWorkers(t, "e2e-cancel")
 }
 

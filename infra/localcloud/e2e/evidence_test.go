@@ -108,3 +108,25 @@ func checkEvidence(t *testing.T, r *runs.Record, evs []probe.Seen, want string) 
 		t.Errorf("the head's Ray logs %s: index %+v, want %s in it and as long as it says", ray, index.Files, driver)
 	}
 }
+
+// checkCause checks that a run that ended other than succeeded names its
+// cause (kind, a summary holding summary) in its record, its terminal
+// event and raydrop status.
+func checkCause(t *testing.T, runID string, evs []probe.Seen, kind, summary string) {
+	t.Helper()
+	r, err := probe.Runs(st).Get(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Cause; c == nil || c.Kind != kind || !strings.Contains(c.Summary, summary) {
+		t.Errorf("run %s's cause %+v, want %s with %q", runID, c, kind, summary)
+	}
+	for _, e := range evs {
+		if runs.Phase(strings.ToUpper(e.Phase)).Terminal() && (e.Cause != kind || !strings.Contains(e.Summary, summary)) {
+			t.Errorf("the %s event's cause %q summary %q, want %s with %q", e.Phase, e.Cause, e.Summary, kind, summary)
+		}
+	}
+	if code, out, _ := raydrop("status", runID); code != 0 || !strings.Contains(out, "cause") || !strings.Contains(out, kind+": ") {
+		t.Errorf("status: exit %d, no cause %s:\n%s", code, kind, out)
+	}
+}
