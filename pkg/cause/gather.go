@@ -35,6 +35,12 @@ const (
 // skipped: a cause is named from what there is. The error is the first
 // object that could be listed or read but not made sense of.
 func Gather(ctx context.Context, st checkpoints.Store, folder string, in *Input) error {
+	return gather(ctx, st, folder, in, false)
+}
+
+// gather is Gather; with rays, it reads the Ray logs whatever the rest
+// shows.
+func gather(ctx context.Context, st checkpoints.Store, folder string, in *Input, rays bool) error {
 	var first error
 	note := func(err error) {
 		if err != nil && !errors.Is(err, checkpoints.ErrNotFound) && first == nil {
@@ -54,10 +60,12 @@ func Gather(ctx context.Context, st checkpoints.Store, folder string, in *Input)
 		text, err := readLog(ctx, st, folder+"/"+f.Path)
 		note(err)
 		if err == nil {
-			in.Logs = append(in.Logs, Log{Source: f.Path, Pod: f.Pod, Text: text})
+			// No pod: the driver runs on the head, and the submitter only
+			// tails its output; a worker's line names its own by IP.
+			in.Logs = append(in.Logs, Log{Source: f.Path, Text: text})
 		}
 	}
-	if c := Classify(*in); c.Source != "" && c.Source != markSource && Kind(c.Kind) != PythonException {
+	if c := Classify(*in); !rays && c.Source != "" && c.Source != markSource && Kind(c.Kind) != PythonException {
 		return first
 	}
 	note(rayLogs(ctx, st, folder, in))

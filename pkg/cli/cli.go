@@ -45,6 +45,7 @@ func commands() []command {
 		{"cancel", "RUN", "cancel a run: its RayJob is deleted and the workers go to zero", runCancel},
 		{"migrate-state", "", "copy run records and cluster leases from the intake bucket to the state bucket (once, after upgrading a deployment made before the state bucket)", runMigrateState},
 		{"logs", "RUN [--attempt N] [--follow] | RUN --pod POD [--container C] [--previous] [--tail N] [--follow]", "print the Ray job's driver log of the run's current attempt (or --attempt N), kept beside the run; --follow prints new lines until the attempt ends. With --pod, a live pod's container log through the Kubernetes API server (one of the run's Ray pods or its submitter)", runLogs},
+		{"diagnose", "RUN|SWEEP [--attempt N] [--json]", "say why a run failed, from its bucket alone (the cluster may be gone): the cause and what to change, the first error lines of each rank, the pods' last states and exit codes, the events, where the whole evidence lies; for a sweep, each failed trial", runDiagnose},
 		{"report", "RUN [-o FILE]", "print where the run's report is (one HTML page: curves, timeline, checkpoints, samples, cost), or write it to FILE", runReport},
 		{"events", "[--json] [--run ID] [--type PHASE] [--count N]", "follow the public event topic and print each event (--json: structured CloudEvents)", runEvents},
 		{"dev", "", "start the local cloud and keep it up (from a raydrop checkout)", runDev},

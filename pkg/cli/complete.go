@@ -16,7 +16,7 @@ import (
 // take one (listed from the state bucket, given up after a few seconds).
 
 // runIDCommands take a run ID as their positional argument.
-var runIDCommands = map[string]bool{"status": true, "watch": true, "cancel": true}
+var runIDCommands = map[string]bool{"status": true, "watch": true, "cancel": true, "diagnose": true}
 
 const completeListTimeout = 3 * time.Second
 

@@ -267,6 +267,8 @@ func TestApplicationFailure(t *testing.T) {
 	checkEvidence(t, r, evs, "Trial task failed")
 	checkCause(t, runID, evs, "PythonException", "the training code raised RuntimeError")
 	waitNoWorkers(t, "e2e-appfail")
+	// With the workers gone, the bucket alone says why.
+	checkDiagnose(t, runID, "PythonException", "RuntimeError: simulated training failure at step 3")
 }
 
 // TestTooManyLongRows: a dataset with more rows over maxSeqLength than

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
+	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -128,5 +129,23 @@ func checkCause(t *testing.T, runID string, evs []probe.Seen, kind, summary stri
 	}
 	if code, out, _ := raydrop("status", runID); code != 0 || !strings.Contains(out, "cause") || !strings.Contains(out, kind+": ") {
 		t.Errorf("status: exit %d, no cause %s:\n%s", code, kind, out)
+	}
+}
+
+// checkDiagnose checks that raydrop diagnose names the run's cause and
+// shows line, as text and as JSON, the head's Ray logs among its ranks'
+// or pods' lines.
+func checkDiagnose(t *testing.T, runID, kind, line string) {
+	t.Helper()
+	code, out, stderr := raydrop("diagnose", runID)
+	t.Logf("raydrop diagnose %s:\n%s", runID, out)
+	if code != 0 || !strings.Contains(out, "cause") || !strings.Contains(out, kind+": ") || !strings.Contains(out, line) ||
+		!strings.Contains(out, "/evidence/attempt-") || !strings.Contains(out, "pods:") {
+		t.Errorf("diagnose: exit %d, want %s and %q with the evidence folder and the pods:\n%s%s", code, kind, line, out, stderr)
+	}
+	code, out, stderr = raydrop("diagnose", runID, "--json")
+	var d cause.Diagnosis
+	if err := json.Unmarshal([]byte(out), &d); code != 0 || err != nil || d.Cause.Kind != kind || d.RunID != runID || len(d.Pods) == 0 {
+		t.Errorf("diagnose --json: exit %d (%v), cause %+v, %d pods; want %s:\n%s%s", code, err, d.Cause, len(d.Pods), kind, out, stderr)
 	}
 }

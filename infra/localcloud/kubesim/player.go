@@ -371,6 +371,8 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 				if msg == "" {
 					msg = fmt.Sprintf("RuntimeError: simulated training failure at step %d", step)
 				}
+				// The rank that raised prints its traceback on its stderr.
+				t.rankOut(ctx, t.failingRank(), "err", traceback(msg)...)
 				return t.fail(ctx, msg, step)
 			case LoseHead:
 				return t.loseHead(ctx, step)
