@@ -42,7 +42,11 @@ type Observation struct {
 	// EarlyStop, for a sweep's running trial, is why its sweep's median
 	// rule stops it; "" when it goes on.
 	EarlyStop string
-	Now       time.Time
+	// Cause is the current attempt's cause when its trainer wrote a failed
+	// mark (named from its evidence), nil otherwise or when it could not
+	// be named.
+	Cause *runs.Cause
+	Now   time.Time
 }
 
 // Action is what a check does about a run.
@@ -83,6 +87,9 @@ type Decision struct {
 	// recorded before the action; a Retry with any (or with evidence
 	// already recorded) counts against limits.preemptions.
 	Preempted []string
+	// Cause, for a Retry of an attempt whose training code failed, is its
+	// cause, recorded on the attempt it retries (RetryPolicy reads it).
+	Cause *runs.Cause
 }
 
 // errUnknownPhase refuses a phase the monitor was not taught.
@@ -172,8 +179,9 @@ func decideJob(o Observation) (Decision, error) {
 		case preempted(a, evidence):
 			return withEvidence(retryOrFail(r, "training failed after its nodes were reclaimed: "+firstLine(o.Mark.Error), true), evidence), nil
 		}
-		// The training code failed: no retry can fix that.
-		return fail(runs.ApplicationError, false, "training failed: %s", firstLine(o.Mark.Error)), nil
+		// The training code failed: retried only where its cause says a
+		// retry can help (RetryPolicy).
+		return withEvidence(afterFailure(r, o.Cause, firstLine(o.Mark.Error)), evidence), nil
 	}
 	if o.EarlyStop != "" {
 		// Its checkpoints are kept; it ends STOPPED, not as a failure.

@@ -2,12 +2,14 @@ package monitor
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
+	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/pkg/spec"
@@ -298,5 +300,73 @@ func TestDecideUnreadableMark(t *testing.T) {
 	o.Run = rec(runs.Running, cancelled)
 	if d, _ := Decide(o); d.Ending.Reason != runs.ReasonCancelled {
 		t.Errorf("a cancelled run with an unreadable mark: %+v, want cancelled", d)
+	}
+}
+
+// TestRetryPolicy: a failed mark is retried only where its cause says a
+// retry can help, within limits.retries, and never into the same failure.
+func TestRetryPolicy(t *testing.T) {
+	failedMark := &checkpoints.Mark{Status: "failed", Error: "WorkerGroupError: Training failed due to worker errors"}
+	ended := job(rayv1.JobDeploymentStatusComplete, rayv1.JobStatusFailed)
+	c := func(kind cause.Kind, step int64) *runs.Cause {
+		return &runs.Cause{Kind: string(kind), Summary: string(kind) + " on rank 3", Rank: 3, Step: step}
+	}
+	// after: attempt 1 was retried with cause prev; attempt 2 is current.
+	after := func(prev *runs.Cause) func(*runs.Record) {
+		return func(r *runs.Record) {
+			attempt2(r)
+			r.Attempts[0].Cause = prev
+			r.Spec.Limits.Retries = 3
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		run    *runs.Record
+		cause  *runs.Cause
+		action Action
+		reason runs.Reason
+	}{
+		{"a python exception is never retried", rec(runs.Running), c(cause.PythonException, 12), Finish, runs.ApplicationError},
+		{"a data error is never retried", rec(runs.Running), c(cause.DataError, 0), Finish, runs.ApplicationError},
+		{"an unknown failure of the training code is not retried", rec(runs.Running), c(cause.Unknown, 5), Finish, runs.ApplicationError},
+		{"no cause named: as before, not retried", rec(runs.Running), nil, Finish, runs.ApplicationError},
+		{"a CUDA OOM is retried once", rec(runs.Running), c(cause.CudaOutOfMemory, 12), Retry, ""},
+		{"a CUDA OOM at the same step twice is not", rec(runs.Running, after(c(cause.CudaOutOfMemory, 12))), c(cause.CudaOutOfMemory, 12), Finish, runs.ApplicationError},
+		{"a CUDA OOM at another step is", rec(runs.Running, after(c(cause.CudaOutOfMemory, 12))), c(cause.CudaOutOfMemory, 30), Retry, ""},
+		{"an OOM kill at the same step twice is not", rec(runs.Running, after(c(cause.OOMKilled, 7))), c(cause.OOMKilled, 7), Finish, runs.ApplicationError},
+		{"an NCCL timeout is retried", rec(runs.Running), c(cause.NcclTimeout, 40), Retry, ""},
+		{"an NCCL timeout is retried once", rec(runs.Running, after(c(cause.NcclTimeout, 40))), c(cause.NcclTimeout, 80), Finish, runs.InfrastructureFailure},
+		{"an NCCL timeout after a CUDA OOM is", rec(runs.Running, after(c(cause.CudaOutOfMemory, 10))), c(cause.NcclTimeout, 80), Retry, ""},
+		{"a GPU error is retried", rec(runs.Running), c(cause.GpuError, 3), Retry, ""},
+		{"a GPU error again, within limits.retries", rec(runs.Running, after(c(cause.GpuError, 3))), c(cause.GpuError, 3), Retry, ""},
+		{"an NCCL error with no retry left", rec(runs.Running, func(r *runs.Record) { r.Spec.Limits.Retries = 0 }), c(cause.NcclError, 3), Finish, runs.InfrastructureFailure},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := Decide(Observation{Run: tc.run, Job: ended, Mark: failedMark, Cause: tc.cause, Now: soon})
+			if err != nil || d.Action != tc.action || d.Ending.Reason != tc.reason {
+				t.Fatalf("%+v %v; want %s %q", d, err, tc.action, tc.reason)
+			}
+			if d.Action == Retry && (d.Cause != tc.cause || !strings.Contains(d.Why, tc.cause.Kind)) {
+				t.Errorf("a retry carries cause %+v and why %q, want %s", d.Cause, d.Why, tc.cause.Kind)
+			}
+			if d.Action == Finish && !strings.HasPrefix(d.Ending.Message, "training failed: WorkerGroupError") {
+				t.Errorf("message %q, want the mark's error", d.Ending.Message)
+			}
+		})
+	}
+}
+
+// TestRetryPolicyNamesEveryCause: the table decides every cause a failed
+// mark can have; the rest are never retried from it.
+func TestRetryPolicyNamesEveryCause(t *testing.T) {
+	for k := range RetryPolicy {
+		if !slices.Contains(cause.Kinds, k) {
+			t.Errorf("RetryPolicy names %s, not a cause", k)
+		}
+	}
+	for _, k := range []cause.Kind{cause.Preempted, cause.Stalled, cause.DeadlineExceeded, cause.Cancelled, cause.ImagePull} {
+		if RetryPolicy[k] != never {
+			t.Errorf("%s: retried from a failed mark", k)
+		}
 	}
 }

@@ -122,6 +122,9 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if o.EarlyStop, err = h.earlyStop(ctx, rec, files); err != nil {
 			return err
 		}
+		if m := o.Mark; m != nil && m.Status == "failed" && !m.NoticeSeen && !rec.CancelRequested {
+			o.Cause = h.causeOf(ctx, rec, m.Error)
+		}
 	}
 	if rec.Phase == runs.Checking && rec.Spec != nil {
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {
@@ -206,7 +209,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		}
 		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
 	case Retry:
-		return h.retry(ctx, rec, d.Why, files)
+		return h.retry(ctx, rec, d.Why, d.Cause, files)
 	case Checked:
 		return h.checked(ctx, rec)
 	}
@@ -215,7 +218,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 
 // retry starts the next attempt, resuming from the newest complete
 // checkpoint of this one (or the one this one resumed from).
-func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files attemptFiles) error {
+func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, c *runs.Cause, files attemptFiles) error {
 	resume := ""
 	if a := rec.CurrentAttempt(); a != nil {
 		resume = a.ResumeFrom
@@ -233,5 +236,5 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, files
 	// The next attempt replaces this one's pods: what they can tell of
 	// how it ended is kept first.
 	h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
-	return h.Deps.StartAttempt(ctx, rec.RunID, rec.Attempt+1, resume, why)
+	return h.Deps.StartRetry(ctx, rec.RunID, rec.Attempt+1, resume, why, c)
 }

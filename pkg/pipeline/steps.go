@@ -27,6 +27,9 @@ type Start struct {
 	RayJob     string
 	ResumeFrom string
 	Why        string // for a retry: why the attempt before it ended
+	// PrevCause, for a retry of an attempt whose training code failed, is
+	// that attempt's cause, recorded on it in the same write.
+	PrevCause *runs.Cause
 }
 
 // Check reports whether the start is the data check's.
@@ -54,7 +57,16 @@ func (s Start) Mark(r *runs.Record, now time.Time) error {
 	if s.Check() {
 		return r.MarkChecking(s.RayJob, now)
 	}
-	return r.MarkProvisioned(runs.Attempt{N: s.Attempt, RayJob: s.RayJob, ResumeFrom: s.ResumeFrom}, s.Why, now)
+	prev := r.CurrentAttempt()
+	if err := r.MarkProvisioned(runs.Attempt{N: s.Attempt, RayJob: s.RayJob, ResumeFrom: s.ResumeFrom}, s.Why, now); err != nil {
+		return err
+	}
+	if prev != nil && s.PrevCause != nil {
+		// Its training code failed: the retry is the cause's (RetryPolicy).
+		p := &r.Attempts[len(r.Attempts)-2]
+		p.Cause, p.Reason = s.PrevCause, runs.ApplicationError
+	}
+	return nil
 }
 
 // Recorded reports whether r, as last written, is at this start; when it
@@ -86,6 +98,12 @@ func (d *Deps) SendStart(ctx context.Context, runID string, s Start, published .
 // to repeat: a redelivery finds the step recorded and sends its message
 // again.
 func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom, why string) error {
+	return d.StartRetry(ctx, runID, n, resumeFrom, why, nil)
+}
+
+// StartRetry is StartAttempt for a retry whose previous attempt's training
+// code failed with cause prev, recorded on that attempt.
+func (d *Deps) StartRetry(ctx context.Context, runID string, n int, resumeFrom, why string, prev *runs.Cause) error {
 	rec, err := d.Runs.Get(ctx, runID)
 	if err != nil {
 		return err
@@ -99,6 +117,7 @@ func (d *Deps) StartAttempt(ctx context.Context, runID string, n int, resumeFrom
 	if err != nil {
 		return err
 	}
+	s.PrevCause = prev
 	rec, err = d.Advance(ctx, runID, func(r *runs.Record) error { return s.Mark(r, d.Time()) })
 	if err != nil {
 		return err

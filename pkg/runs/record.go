@@ -121,6 +121,9 @@ type Attempt struct {
 	Outcome    Outcome    `json:"outcome,omitempty"`
 	Reason     Reason     `json:"reason,omitempty"`
 	Message    string     `json:"message,omitempty"`
+	// Cause is why a retried attempt's training code failed (pkg/cause),
+	// which the retry policy reads; nil for one that ended otherwise.
+	Cause *Cause `json:"cause,omitempty"`
 	// Tier is the capacity tier (an index into the spec's Tiers) the
 	// workers are asked on, from TierSince (nil: from CreatedAt). An
 	// attempt runs once every worker it needs runs: RunningAt minus
@@ -258,7 +261,6 @@ func (r *Record) Lost() (retried, preempted int) {
 	return retried, preempted
 }
 
-// Progress is the training progress read from Ray Train's result.json.
 // Cause is why a run ended other than succeeded, as pkg/cause names it
 // from the run's reason, its trainer's mark and its evidence.
 type Cause struct {
@@ -277,6 +279,7 @@ type Cause struct {
 	Source string   `json:"source,omitempty"`
 }
 
+// Progress is the training progress read from Ray Train's result.json.
 type Progress struct {
 	Step       int64     `json:"step"`
 	TotalSteps int64     `json:"totalSteps,omitempty"`

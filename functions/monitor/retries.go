@@ -1,0 +1,118 @@
+package monitor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/raydrop/raydrop/pkg/cause"
+	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// retryRule is whether a retry can help an attempt whose training code
+// failed with a cause.
+type retryRule int
+
+const (
+	// never: a retry would fail the same way.
+	never retryRule = iota
+	// notSameStepTwice: retried (within limits.retries) unless an earlier
+	// attempt failed with the same cause at the same step: memory that ran
+	// short once may have been a moment's fragmentation or a neighbour,
+	// twice at the same step it is the run's own need.
+	notSameStepTwice
+	// once: retried once in the run (within limits.retries).
+	once
+	// withinRetries: retried within limits.retries (the retry resumes on
+	// the nodes the workers get then).
+	withinRetries
+)
+
+// RetryPolicy is the one table of which failures of the training code
+// are retried (docs/pipeline.md, "Retries by cause"). A cause it does
+// not name is never retried; an attempt that ended without the trainer's
+// mark, or was preempted, follows limits.retries and limits.preemptions
+// as before.
+var RetryPolicy = map[cause.Kind]retryRule{
+	cause.PythonException: never,
+	cause.DataError:       never,
+	cause.Unknown:         never,
+	cause.CudaOutOfMemory: notSameStepTwice,
+	cause.OOMKilled:       notSameStepTwice,
+	cause.HostOutOfMemory: notSameStepTwice,
+	cause.NcclTimeout:     once,
+	cause.NcclError:       withinRetries,
+	cause.GpuError:        withinRetries,
+}
+
+// afterFailure decides on an attempt whose trainer wrote a failed mark
+// (and that no preemption explains): retried when RetryPolicy says a retry
+// can help and the spec allows one, else the run fails. c is the
+// attempt's cause, nil when it could not be named.
+func afterFailure(r *runs.Record, c *runs.Cause, errLine string) Decision {
+	if c == nil {
+		return fail(runs.ApplicationError, false, "training failed: %s", errLine)
+	}
+	kind := cause.Kind(c.Kind)
+	why := fmt.Sprintf("training failed: %s (%s: %s)", errLine, kind, c.Summary)
+	var d Decision
+	switch RetryPolicy[kind] {
+	case never:
+		return fail(runs.ApplicationError, false, "training failed: %s", errLine)
+	case notSameStepTwice:
+		if prev := earlier(r, kind, func(p *runs.Cause) bool { return p.Step == c.Step }); prev != 0 {
+			at := ""
+			if c.Step > 0 {
+				at = fmt.Sprintf(" after step %d", c.Step)
+			}
+			return fail(runs.ApplicationError, false, "training failed: %s (%s%s twice: attempt %d and this one; a retry would fail the same way)", errLine, kind, at, prev)
+		}
+		d = retryOrFail(r, why, false)
+	case once:
+		if prev := earlier(r, kind, nil); prev != 0 {
+			return fail(runs.InfrastructureFailure, false, "training failed: %s (%s again: attempt %d had it too, and it is retried once)", errLine, kind, prev)
+		}
+		d = retryOrFail(r, why, false)
+	case withinRetries:
+		d = retryOrFail(r, why, false)
+	}
+	if d.Action == Retry {
+		d.Cause = c
+	}
+	return d
+}
+
+// earlier is the first earlier attempt of r that failed with kind (and
+// same, when given), or 0.
+func earlier(r *runs.Record, kind cause.Kind, same func(*runs.Cause) bool) int {
+	for _, a := range r.Attempts {
+		if a.N < r.Attempt && a.Cause != nil && cause.Kind(a.Cause.Kind) == kind && (same == nil || same(a.Cause)) {
+			return a.N
+		}
+	}
+	return 0
+}
+
+// causeOf names the cause of the current attempt, whose trainer wrote a
+// failed mark: the evidence is kept first (the capture is done once; the
+// teardown that follows finds it), then read back and classified. nil
+// when it cannot be kept or read.
+func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, markErr string) *runs.Cause {
+	uri := h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
+	in := cause.Input{Mark: &cause.Mark{Status: "failed", Error: markErr}}
+	if rec.Progress != nil {
+		in.Step = rec.Progress.Step
+	}
+	if uri != "" {
+		bucket, folder, err := evidence.Locate(uri, rec.Attempt)
+		if err == nil {
+			err = cause.Gather(ctx, h.Deps.Objects.Bucket(bucket), folder, &in)
+		}
+		if err != nil {
+			h.Deps.Log.Warn("evidence_unread", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+		}
+	}
+	c := cause.Classify(in)
+	h.Deps.Log.Info("attempt_cause", "run_id", rec.RunID, "attempt", rec.Attempt, "cause", c.Kind, "summary", c.Summary)
+	return &c
+}
