@@ -8,11 +8,13 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/names"
+	"github.com/raydrop/raydrop/pkg/report"
 	"github.com/raydrop/raydrop/pkg/runs"
 	"github.com/raydrop/raydrop/schemas"
 )
@@ -129,6 +131,30 @@ func checkCause(t *testing.T, runID string, evs []probe.Seen, kind, summary stri
 	}
 	if code, out, _ := raydrop("status", runID); code != 0 || !strings.Contains(out, "cause") || !strings.Contains(out, kind+": ") {
 		t.Errorf("status: exit %d, no cause %s:\n%s", code, kind, out)
+	}
+	// The report opens with it, once finalize has written the report.
+	deadline := time.Now().Add(60 * time.Second)
+	for r.Report == "" && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		if r, err = probe.Runs(st).Get(context.Background(), runID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.Report == "" {
+		t.Fatalf("run %s has no report a minute after it ended", runID)
+	}
+	bucket, name := report.Object(r)
+	rd, err := st.GCS.Bucket(bucket).Object(name).NewReader(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rd.Close() }()
+	page, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), `id="why"`) || !strings.Contains(string(page), ": "+kind+"</h2>") {
+		t.Errorf("the report of run %s has no 'why' box naming %s", runID, kind)
 	}
 }
 
