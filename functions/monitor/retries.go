@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/raydrop/raydrop/pkg/cause"
-	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -95,24 +95,10 @@ func earlier(r *runs.Record, kind cause.Kind, same func(*runs.Cause) bool) int {
 
 // causeOf names the cause of the current attempt, whose trainer wrote a
 // failed mark: the evidence is kept first (the capture is done once; the
-// teardown that follows finds it), then read back and classified. nil
-// when it cannot be kept or read.
-func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, markErr string) *runs.Cause {
+// teardown that follows finds it), then read back and classified.
+func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark) *runs.Cause {
 	uri := h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
-	in := cause.Input{Mark: &cause.Mark{Status: "failed", Error: markErr}}
-	if rec.Progress != nil {
-		in.Step = rec.Progress.Step
-	}
-	if uri != "" {
-		bucket, folder, err := evidence.Locate(uri, rec.Attempt)
-		if err == nil {
-			err = cause.Gather(ctx, h.Deps.Objects.Bucket(bucket), folder, &in)
-		}
-		if err != nil {
-			h.Deps.Log.Warn("evidence_unread", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
-		}
-	}
-	c := cause.Classify(in)
+	c := cause.Classify(h.Deps.CauseInput(ctx, rec, mark, uri))
 	h.Deps.Log.Info("attempt_cause", "run_id", rec.RunID, "attempt", rec.Attempt, "cause", c.Kind, "summary", c.Summary)
 	return &c
 }

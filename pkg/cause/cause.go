@@ -322,23 +322,10 @@ func pythonException(in Input) (Cause, bool) {
 			if !tracebackRE.MatchString(strings.TrimPrefix(line, prefix)) {
 				continue
 			}
-			var frames []string
-			for _, next := range lines[i+1:] {
-				if !strings.HasPrefix(next, prefix) {
-					continue
-				}
-				body := strings.TrimPrefix(next, prefix)
-				switch {
-				case frameRE.MatchString(body):
-					frames = append(frames, strings.TrimSpace(body))
-				case exceptionRE.MatchString(body):
-					if len(frames) > 3 {
-						frames = frames[len(frames)-3:]
-					}
-					c := Cause{Kind: string(PythonException), Rank: -1, Pod: writer(in.Pods, l, line), Source: l.Source, Lines: append([]string{body}, frames...)}
-					c.Rank = rankOf(c.Lines)
-					return c, true
-				}
+			if exc := exceptionOf(lines, i, prefix, 3); exc != nil {
+				c := Cause{Kind: string(PythonException), Rank: -1, Pod: writer(in.Pods, l, line), Source: l.Source, Lines: exc}
+				c.Rank = rankOf(c.Lines)
+				return c, true
 			}
 		}
 	}
@@ -350,6 +337,29 @@ func pythonException(in Input) (Cause, bool) {
 		}
 	}
 	return Cause{}, false
+}
+
+// exceptionOf is the exception the traceback that starts at lines[i]
+// ends in, then its last frames (at most keep), reading only the lines of
+// the writer whose Ray prefix is prefix; nil when it ends in none.
+func exceptionOf(lines []string, i int, prefix string, keep int) []string {
+	var frames []string
+	for _, next := range lines[i+1:] {
+		if !strings.HasPrefix(next, prefix) {
+			continue
+		}
+		body := strings.TrimPrefix(next, prefix)
+		switch {
+		case frameRE.MatchString(body):
+			frames = append(frames, strings.TrimSpace(body))
+		case exceptionRE.MatchString(body):
+			if len(frames) > keep {
+				frames = frames[len(frames)-keep:]
+			}
+			return append([]string{body}, frames...)
+		}
+	}
+	return nil
 }
 
 func markError(in Input) string {

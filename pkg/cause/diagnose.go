@@ -139,18 +139,8 @@ func firstError(lines []string) []string {
 		case slices.ContainsFunc(signatures, func(s signature) bool { return s.re.MatchString(line) }):
 			return block(lines, i, line)
 		case tracebackRE.MatchString(line):
-			var frames []string
-			for _, next := range lines[i+1:] {
-				if frameRE.MatchString(next) {
-					frames = append(frames, strings.TrimSpace(next))
-					continue
-				}
-				if exceptionRE.MatchString(next) {
-					if len(frames) > 2 {
-						frames = frames[len(frames)-2:]
-					}
-					return append([]string{next}, frames...)
-				}
+			if exc := exceptionOf(lines, i, "", 2); exc != nil {
+				return exc
 			}
 		case exceptionRE.MatchString(line):
 			return block(lines, i, line)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/gcp"
@@ -64,4 +65,30 @@ func (w objectWriter) Create(ctx context.Context, name string, data []byte, cont
 		return fmt.Errorf("%s: %w", name, evidence.ErrExists)
 	}
 	return err
+}
+
+// CauseInput is what names the cause of the run's current attempt
+// (pkg/cause): its trainer's mark (nil if none), its last step and, when
+// evidenceURI is set, what the attempt's evidence holds, read back from
+// the bucket, so that every delivery names the same cause. What cannot be
+// read is logged, and the cause is named from the rest.
+func (d *Deps) CauseInput(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark, evidenceURI string) cause.Input {
+	var in cause.Input
+	if mark != nil {
+		in.Mark = &cause.Mark{Status: mark.Status, Error: mark.Error}
+	}
+	if rec.Progress != nil {
+		in.Step = rec.Progress.Step
+	}
+	if evidenceURI == "" {
+		return in
+	}
+	bucket, folder, err := evidence.Locate(evidenceURI, rec.Attempt)
+	if err == nil {
+		err = cause.Gather(ctx, d.Objects.Bucket(bucket), folder, &in)
+	}
+	if err != nil {
+		d.Log.Warn("evidence_unread", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+	}
+	return in
 }

@@ -114,7 +114,7 @@ func (r *rayNodeLogs) forget(pod *corev1.Pod) {
 
 // rayletStart is what a Ray node's raylet writes first to raylet.out.
 func rayletStart(pod *corev1.Pod, ip string, now time.Time) string {
-	ts := now.UTC().Format("2006-01-02 15:04:05,000")
+	ts := rayTime(now)
 	node := sha256.Sum224([]byte(pod.UID))
 	return fmt.Sprintf("[%s I 184 184] (raylet) main.cc:227: Setting cluster ID to: 1b1d5e0e4c574b359b6c7a2f0d3e9c11a1b2c3d4e5f6a7b8c9d0e1f2\n"+
 		"[%s I 184 184] (raylet) main.cc:322: Raylet is not set to kill unknown children.\n"+
@@ -125,7 +125,7 @@ func rayletStart(pod *corev1.Pod, ip string, now time.Time) string {
 
 // gcsStart is what the head's GCS server writes first to gcs_server.out.
 func gcsStart(now time.Time) string {
-	ts := now.UTC().Format("2006-01-02 15:04:05,000")
+	ts := rayTime(now)
 	return fmt.Sprintf("[%s I 120 120] (gcs_server) gcs_server_main.cc:74: Ray cluster metadata ray_version=2.48.0 ray_commit=\n"+
 		"[%s I 120 120] (gcs_server) gcs_server.cc:303: Gcs Server started at port 6379\n", ts, ts)
 }
@@ -134,7 +134,7 @@ func gcsStart(now time.Time) string {
 // killed a worker writes to raylet.out (src/ray/raylet/node_manager.cc,
 // the OOM kill summary logged with the time period's kills).
 func memoryMonitorKill(rank int, ip string, now time.Time) string {
-	ts := now.UTC().Format("2006-01-02 15:04:05,000")
+	ts := rayTime(now)
 	return fmt.Sprintf("[%s E 184 184] (raylet) node_manager.cc:3069: 1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: 3f6c2a9e0d5b4c1e8a7f9b2d6e4c0a1f3b5d7e9c2a4f6b8d0e1c3a5f, IP: %s) over the last time period. "+
 		"To see more information about the Workers killed on this node, use `ray logs raylet.out -ip %s`\n"+
 		"[%s I 184 184] (raylet) worker_killing_policy.cc:101: Killing worker with pid %d: the most recently scheduled task (RayTrainWorker)\n", ts, ip, ip, ts, 4242+rank)
@@ -153,7 +153,7 @@ func (t *trainer) ranksStarted(ctx context.Context) {
 	}
 	for rank := range t.a.numWorkers {
 		pod, _ := t.rankWorker(ctx, rank)
-		ts := now.UTC().Format("2006-01-02 15:04:05,000")
+		ts := rayTime(now)
 		t.p.d.sim.rayLogs.write(pod, "raylet.out", fmt.Sprintf("[%s I 184 184] (raylet) worker_pool.cc:527: Started worker process with pid %d, the token is %d\n", ts, 4242+rank, rank))
 		t.rankOut(ctx, rank, "err", strings.TrimSuffix(rayLines(now, fmt.Sprintf("INFO config.py:83 -- Setting up process group for: env://%s:29500 [rank=%d, world_size=%d]", addr, rank, t.a.numWorkers)), "\n"))
 	}
