@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 import data
+import heartbeat
 import modeling
 import notice
 import samples
@@ -62,7 +63,7 @@ def _make_callback_class():
         """
 
         def __init__(self, data_stats: Dict[str, Any], resume_step: Optional[int] = None, evaluate=None,
-                     watch=None, startup: Optional[Dict[str, float]] = None) -> None:
+                     watch=None, startup: Optional[Dict[str, float]] = None, heartbeat=None) -> None:
             self.metrics: Dict[str, Any] = {}
             # How this worker started (STARTUP_KEY), sent once, with the first
             # report after the first optimizer step, which stamps first_step_at.
@@ -81,8 +82,13 @@ def _make_callback_class():
             self.watch = watch
             self.preempted_at: Optional[int] = None
             self.saved_step: Optional[int] = None
+            # The rank's heartbeat (heartbeat.py): each step's end, and what
+            # it does between two steps.
+            self.heartbeat = heartbeat
 
         def on_step_end(self, args, state, control, **kwargs):
+            if self.heartbeat is not None:
+                self.heartbeat.step(state.global_step)
             if self.startup is not None and "first_step_at" not in self.startup:
                 self.startup["first_step_at"] = time.time()
             if state.global_step >= state.max_steps:
@@ -111,6 +117,10 @@ def _make_callback_class():
             if control.should_save and self.saved_step == state.global_step:
                 control.should_save = False
             return control
+
+        def _doing(self, activity: str) -> None:
+            if self.heartbeat is not None:
+                self.heartbeat.note(activity)
 
         def _report(self, metrics: Dict[str, Any], checkpoint=None) -> None:
             metrics = dict(metrics)
@@ -166,7 +176,9 @@ def _make_callback_class():
             src = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             metrics = {**self.metrics, "step": state.global_step, "epoch": state.epoch}
             if self.evaluate is not None:
+                self._doing("evaluating")
                 metrics.update(self.evaluate())
+            self._doing("saving")
             name = checkpoint_dir_name(self.saved)
             self.saved += 1
             if state.is_world_process_zero:
@@ -352,17 +364,26 @@ def sft_config_kwargs(args: argparse.Namespace, output_dir: str) -> Dict[str, An
 
 
 def train_func(config: Dict[str, Any]) -> None:
-    """Ray Train's train_loop_per_worker."""
+    """Ray Train's train_loop_per_worker: the rank trains with its heartbeat beating."""
+    import ray.train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rank = ray.train.get_context().get_world_rank()
+    beat = heartbeat.Heartbeat(config["storage_path"], config["experiment_name"], rank, log=log.warning).start()
+    try:
+        _train(config, rank, beat)
+    finally:
+        beat.stop()
+
+
+def _train(config: Dict[str, Any], rank: int, beat: heartbeat.Heartbeat) -> None:
     import ray.train
     import ray.train.torch
     import torch
     from transformers import AutoProcessor, set_seed
 
     started_at = time.time()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = argparse.Namespace(**config)
-    ctx = ray.train.get_context()
-    rank = ctx.get_world_rank()
     set_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
 
@@ -442,7 +463,8 @@ def train_func(config: Dict[str, Any]) -> None:
         watch=notice.Watch(device=device, kv_key=getattr(args, "notice_key", None) if rank == 0 else None,
                            tell_key=getattr(args, "notice_key", None)),
         startup={"started_at": started_at, "weights_s": round(weights_s, 3), "data_s": round(data_s, 3),
-                 "stage_s": round(getattr(args, "stage_s", 0.0), 3)})
+                 "stage_s": round(getattr(args, "stage_s", 0.0), 3)},
+        heartbeat=beat)
     trainer.add_callback(callback)
     if rank == 0:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -458,6 +480,7 @@ def train_func(config: Dict[str, Any]) -> None:
     if callback.preempted_at is not None:
         return  # the grace period is short: the checkpoint is saved, the rest waits for the next attempt
     if rank == 0 and args.sample_answers > 0 and eval_dataset is not None:
+        beat.note("sampling")
         rows = eval_dataset.select(range(min(args.sample_answers, len(eval_dataset))))
         try:
             doc = samples.write(trainer.model, processor, rows, args.storage_path, args.experiment_name, fmt=fmt)

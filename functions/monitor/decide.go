@@ -46,6 +46,9 @@ type Observation struct {
 	// mark (named from its evidence), nil otherwise or when it could not
 	// be named.
 	Cause *runs.Cause
+	// Pulse is what the current attempt's ranks' heartbeats say, nil when
+	// none has beaten (or they were not read: a run not RUNNING).
+	Pulse *checkpoints.Pulse
 	Now   time.Time
 }
 
@@ -63,6 +66,7 @@ const (
 	Succeed  Action = "succeed"   // the attempt succeeded: record it running if no check saw it, then finish
 	Retry    Action = "retry"     // start the next attempt (Why the current one is given up)
 	Checked  Action = "checked"   // the data check passed: record it and start the first attempt
+	Stall    Action = "stall"     // record the attempt suspected stalled (Stall) and announce it
 )
 
 // Decision is what Decide decided.
@@ -90,6 +94,11 @@ type Decision struct {
 	// Cause, for a Retry of an attempt whose training code failed, is its
 	// cause, recorded on the attempt it retries (RetryPolicy reads it).
 	Cause *runs.Cause
+	// Stall, for a Stall, is the suspicion; Moved, for a Progress of an
+	// attempt suspected stalled, is when a rank moved on since (the
+	// suspicion is cleared), zero otherwise.
+	Stall *runs.Stall
+	Moved time.Time
 }
 
 // errUnknownPhase refuses a phase the monitor was not taught.
@@ -215,7 +224,10 @@ func decideJob(o Observation) (Decision, error) {
 		return withEvidence(capacity(o, a), evidence), nil
 	}
 	if st.JobStatus == rayv1.JobStatusRunning {
-		return withEvidence(started(o, a, Decision{Action: Progress}), evidence), nil
+		if s := suspectStall(o, a); s != nil {
+			return withEvidence(Decision{Action: Stall, Stall: s}, evidence), nil
+		}
+		return withEvidence(started(o, a, Decision{Action: Progress, Moved: movedOn(o, a)}), evidence), nil
 	}
 	return withEvidence(Decision{Action: Wait}, evidence), nil
 }
@@ -227,24 +239,4 @@ func decideJob(o Observation) (Decision, error) {
 // it left, and price it there.
 func succeed(o Observation, a *runs.Attempt) Decision {
 	return started(o, a, Decision{Action: Succeed})
-}
-
-// retryOrFail retries an attempt lost to the infrastructure when the spec
-// allows another: a preempted one against limits.preemptions, any other
-// against limits.retries. Else the run fails.
-func retryOrFail(r *runs.Record, why string, preempted bool) Decision {
-	retried, lost := r.Lost()
-	lim := r.Spec.Limits
-	switch {
-	case preempted && lost < lim.Preemptions:
-		return Decision{Action: Retry, Why: "preempted: " + why}
-	case preempted:
-		return fail(runs.Preempted, false, "preempted: %s; %d attempts lost to preemption already (limits.preemptions %d)", why, lost, lim.Preemptions)
-	case retried < lim.Retries:
-		return Decision{Action: Retry, Why: why}
-	}
-	if r.Attempt > 1 {
-		why = fmt.Sprintf("%s; no retries left after %d attempts", why, r.Attempt)
-	}
-	return fail(runs.InfrastructureFailure, false, "%s", why)
 }

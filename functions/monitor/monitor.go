@@ -125,6 +125,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if m := o.Mark; m != nil && m.Status == "failed" && !m.NoticeSeen && !rec.CancelRequested {
 			o.Cause = h.causeOf(ctx, rec, m)
 		}
+		o.Pulse = h.pulse(ctx, rec, files)
 	}
 	if rec.Phase == runs.Checking && rec.Spec != nil {
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {
@@ -212,6 +213,8 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		return h.retry(ctx, rec, d.Why, d.Cause, files)
 	case Checked:
 		return h.checked(ctx, rec)
+	case Stall:
+		return h.stall(ctx, rec, d.Stall)
 	}
 	return pipeline.Permanent(fmt.Errorf("run %s: decision %q has no action", rec.RunID, d.Action))
 }

@@ -13,7 +13,7 @@ import (
 // the running phase once.
 func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptFiles, d Decision) error {
 	p, first := h.latest(ctx, rec, files)
-	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) {
+	if rec.Phase == runs.Running && !newer(p, rec.Progress) && rec.WasPublished(runs.Running) && d.Moved.IsZero() {
 		return nil // nothing new since the record was read: no second read, no write
 	}
 	// The move to RUNNING and the claim of its event are one write.
@@ -25,7 +25,8 @@ func (h *Handler) progress(ctx context.Context, rec *runs.Record, files attemptF
 		r.NoteStarted(attempt, d.ServedOn, d.Startup)
 		r.NoteFirstReport(attempt, first.at, first.startup)
 		moved := r.MarkRunning(attempt, h.Deps.Time()) == nil
-		if r.Phase != runs.Running || !moved && !newer(p, r.Progress) {
+		cleared := clearStall(r.CurrentAttempt(), d.Moved)
+		if r.Phase != runs.Running || !moved && !cleared && !newer(p, r.Progress) {
 			return runs.ErrNoChange
 		}
 		if newer(p, r.Progress) {
@@ -64,4 +65,15 @@ type firstReport struct {
 // newer reports whether p tells more than the recorded progress.
 func newer(p, recorded *runs.Progress) bool {
 	return p != nil && (recorded == nil || recorded.Step != p.Step || recorded.Epoch != p.Epoch)
+}
+
+// clearStall clears the stall suspected of attempt a when a rank moved on
+// (at moved) after its last sign of progress; false when there was none to
+// clear.
+func clearStall(a *runs.Attempt, moved time.Time) bool {
+	if a == nil || a.Stall == nil || a.Stall.ClearedAt != nil || moved.IsZero() || !moved.After(a.Stall.Since) {
+		return false
+	}
+	a.Stall.ClearedAt = &moved
+	return true
 }

@@ -102,3 +102,23 @@ func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, mark *checkpoin
 	h.Deps.Log.Info("attempt_cause", "run_id", rec.RunID, "attempt", rec.Attempt, "cause", c.Kind, "summary", c.Summary)
 	return &c
 }
+
+// retryOrFail retries an attempt lost to the infrastructure when the spec
+// allows another: a preempted one against limits.preemptions, any other
+// against limits.retries. Else the run fails.
+func retryOrFail(r *runs.Record, why string, preempted bool) Decision {
+	retried, lost := r.Lost()
+	lim := r.Spec.Limits
+	switch {
+	case preempted && lost < lim.Preemptions:
+		return Decision{Action: Retry, Why: "preempted: " + why}
+	case preempted:
+		return fail(runs.Preempted, false, "preempted: %s; %d attempts lost to preemption already (limits.preemptions %d)", why, lost, lim.Preemptions)
+	case retried < lim.Retries:
+		return Decision{Action: Retry, Why: why}
+	}
+	if r.Attempt > 1 {
+		why = fmt.Sprintf("%s; no retries left after %d attempts", why, r.Attempt)
+	}
+	return fail(runs.InfrastructureFailure, false, "%s", why)
+}

@@ -336,6 +336,9 @@ func describe(w io.Writer, r *runs.Record) {
 	if r.Attempt > 0 {
 		fmt.Fprintf(tw, "attempt\t%d\n", r.Attempt)
 	}
+	if line := stallLine(r); line != "" {
+		fmt.Fprintf(tw, "stalled\t%s\n", line)
+	}
 	if line := imageText(r); line != "" {
 		fmt.Fprintf(tw, "image\t%s\n", line)
 	}
@@ -555,4 +558,18 @@ func imageText(r *runs.Record) string {
 	}
 	head, workers := r.Spec.Cluster.HeadImage(), r.Spec.Cluster.WorkerImage()
 	return "head " + head + ", workers " + workers + " (the runtime env pip-installs the trainer's requirements)"
+}
+
+// stallLine says the current attempt's suspected stall, or that it moved
+// on since; "" when it has none.
+func stallLine(r *runs.Record) string {
+	a := r.CurrentAttempt()
+	if a == nil || a.Stall == nil {
+		return ""
+	}
+	s := a.Stall
+	if s.ClearedAt != nil {
+		return fmt.Sprintf("suspected at %s, cleared at %s: the ranks moved on (%s)", s.SuspectedAt.UTC().Format(time.TimeOnly), s.ClearedAt.UTC().Format(time.TimeOnly), s.Summary())
+	}
+	return fmt.Sprintf("suspected since %s: %s", s.SuspectedAt.UTC().Format(time.TimeOnly), s.Summary())
 }

@@ -26,7 +26,8 @@ const SubjectPrefix = "runs/"
 // of the phases that have one, derived from the run's lifecycle
 // (runs.Phases): accepted (or rejected, which ends it), queued (only a run
 // that waits for its cluster), running, then one of succeeded, failed and
-// cancelled (a run cancelled or failed before it ran skips running); then
+// cancelled (a run cancelled or failed before it ran skips running; one
+// suspected stalled has a stalled event between running and its end); then
 // report_ready, once the report of a run that ended is written (every run
 // but a rejected one).
 var Phases = func() []string {
@@ -35,9 +36,29 @@ var Phases = func() []string {
 		if e := p.Event(); e != "" {
 			out = append(out, e)
 		}
+		if p == runs.Running {
+			out = append(out, runs.Stalled.Event())
+		}
 	}
 	return append(out, ReportReady)
 }()
+
+// Stalled is the event that announces the suspicion that a running
+// attempt stopped making progress, once per attempt (its ID names the
+// attempt: <run ID>/stalled_<n>). It goes out between running and the
+// terminal event, and names no phase: the run stays RUNNING.
+var Stalled = runs.Stalled.Event()
+
+// Stall is a suspected stall, as the stalled event carries it.
+type Stall struct {
+	Step              int64     `json:"step"`
+	Since             time.Time `json:"since"`
+	SuspectedAt       time.Time `json:"suspectedAt"`
+	WindowSeconds     float64   `json:"windowSeconds"`
+	MedianStepSeconds float64   `json:"medianStepSeconds,omitempty"`
+	Doing             string    `json:"doing,omitempty"`
+	Behind            []int     `json:"behind,omitempty"`
+}
 
 // ReportReady is the event that announces a run's report, after its
 // terminal event: the terminal event does not wait for the report.
@@ -121,6 +142,8 @@ type Run struct {
 	// Outcome is how the run ended, the phase of its terminal event
 	// (report_ready events).
 	Outcome string `json:"outcome,omitempty"`
+	// Stall is the current attempt's suspected stall (stalled events).
+	Stall *Stall `json:"stall,omitempty"`
 
 	// Timings is the seconds spent in each phase, by phase name.
 	Timings          map[string]float64 `json:"timings,omitempty"`
@@ -185,7 +208,11 @@ type Capacity struct {
 // so a subscriber can drop a redelivered copy.
 func New(source string, data Run, at time.Time) (cloudevents.Event, error) {
 	e := cloudevents.New(cloudevents.CloudEventsVersionV1)
-	e.SetID(data.RunID + "/" + data.Phase)
+	id := data.RunID + "/" + data.Phase
+	if data.Phase == Stalled {
+		id += fmt.Sprintf("_%d", data.Attempt)
+	}
+	e.SetID(id)
 	e.SetType(Type(data.Phase))
 	e.SetSource(source)
 	e.SetSubject(SubjectPrefix + data.RunID)

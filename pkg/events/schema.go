@@ -117,7 +117,20 @@ func Schema(phase string) []byte {
 		"cause":    map[string]any{"enum": causeKinds(), "description": "why the run ended other than succeeded, named from its reason, its trainer's mark and its evidence: OOMKilled (a container ended at its memory limit), HostOutOfMemory (Ray's memory monitor killed a worker), CudaOutOfMemory, NcclTimeout (a collective timed out), NcclError, GpuError (a CUDA device error such as an illegal memory access or an ECC error), ImagePull, DataError, PythonException (any other exception of the training code), Preempted, Stalled, DeadlineExceeded, Cancelled or Unknown (terminal and report_ready events of runs that ended other than succeeded; absent from events of earlier versions)"},
 		"summary":  map[string]any{"type": "string", "minLength": 1, "description": "the cause in one line, with the rank, pod and step where known"},
 		"hint":     map[string]any{"type": "string", "description": "what to change, naming the job spec's fields"},
-		"outcome":  map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
+		"stall": map[string]any{
+			"type": "object", "additionalProperties": false, "required": []string{"step", "since", "suspectedAt", "windowSeconds"},
+			"description": "the attempt's suspected stall (stalled events only): no rank ended a step, nor began an evaluation or a save, from since to suspectedAt, longer than the window (the longer of limits.stallAfter and limits.stallFactor median steps), read in the ranks' heartbeats",
+			"properties": map[string]any{
+				"step":              map[string]any{"type": "integer", "minimum": 0, "description": "the last step any rank ended"},
+				"since":             map[string]any{"type": "string", "format": "date-time", "description": "the ranks' last sign of progress"},
+				"suspectedAt":       map[string]any{"type": "string", "format": "date-time"},
+				"windowSeconds":     map[string]any{"type": "number", "exclusiveMinimum": 0},
+				"medianStepSeconds": map[string]any{"type": "number", "minimum": 0},
+				"doing":             map[string]any{"type": "string", "description": "what the ranks that moved last said they were doing: training, evaluating, saving, sampling"},
+				"behind":            map[string]any{"type": "array", "items": map[string]any{"type": "integer", "minimum": 0}, "description": "ranks whose last step is before step: those that hold the others up"},
+			},
+		},
+		"outcome": map[string]any{"enum": terminalEvents(), "description": "how the run ended: the phase of its terminal event, which went out before this one (report_ready events only)"},
 		"capacity": map[string]any{
 			"type": "object", "additionalProperties": false, "required": []string{"tier", "type", "index", "served", "waitSeconds", "preemptions"},
 			"description": "where the attempt's GPU workers came from: the capacity tier they were asked on, whether it served them, how long they waited, and the attempts the run lost to preemption",
@@ -158,6 +171,9 @@ func Schema(phase string) []byte {
 	if phase != ReportReady {
 		delete(props, "outcome")
 	}
+	if phase != Stalled {
+		delete(props, "stall")
+	}
 	switch phase {
 	case "succeeded":
 		required = append(required, "checkpoints", "latestCheckpoint", "bestCheckpoint", "finalMetrics", "timings", "gpuHours", "estimatedCostUsd", "attempt")
@@ -166,6 +182,8 @@ func Schema(phase string) []byte {
 		required = append(required, "reason", "message")
 	case ReportReady:
 		required = append(required, "report", "outcome", "endedAt")
+	case Stalled:
+		required = append(required, "stall", "message", "attempt")
 	}
 	s := map[string]any{
 		"$schema":              "https://json-schema.org/draft/2020-12/schema",
@@ -214,7 +232,7 @@ func EnvelopeSchema() []byte {
 		"required":    []string{"specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"},
 		"properties": map[string]any{
 			"specversion":     map[string]any{"const": "1.0"},
-			"id":              map[string]any{"type": "string", "pattern": "^" + id + "/[a-z_]+$", "description": "<run or sweep ID>/<phase> (or /report_ready): the same for a redelivered copy"},
+			"id":              map[string]any{"type": "string", "pattern": "^" + id + "/[a-z_]+[0-9]*$", "description": "<run or sweep ID>/<phase> (or /report_ready, or /stalled_<attempt>): the same for a redelivered copy"},
 			"source":          str,
 			"type":            map[string]any{"enum": types},
 			"subject":         map[string]any{"type": "string", "pattern": "^(" + SubjectPrefix + "|" + SweepSubjectPrefix + ")" + id + "$"},

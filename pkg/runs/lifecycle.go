@@ -103,11 +103,16 @@ func (p Phase) HasJob() bool { i, _ := p.info(); return i.job }
 // announces each phase once announces the report once too.
 const ReportReady Phase = "REPORT_READY"
 
+// Stalled is not a phase either: it names the announcement that the
+// current attempt is suspected stalled (dev.raydrop.run.v1.stalled), made
+// once per attempt: a new attempt forgets the last one's (ForgetStall).
+const Stalled Phase = "STALLED"
+
 // Event is the name of the phase's public event (the last part of its
 // CloudEvent type), or "" for a phase that has none; report_ready for
 // ReportReady.
 func (p Phase) Event() string {
-	if i, _ := p.info(); i.event || p == ReportReady {
+	if i, _ := p.info(); i.event || p == ReportReady || p == Stalled {
 		return strings.ToLower(string(p))
 	}
 	return ""
@@ -318,6 +323,9 @@ func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error 
 	next.CreatedAt = now
 	r.Attempt = next.N
 	r.Attempts = append(r.Attempts, next)
+	// A stall is announced once per attempt, while it is the current one.
+	r.Published = slices.DeleteFunc(r.Published, func(p Phase) bool { return p == Stalled })
+	delete(r.Publishing, Stalled)
 	r.Reason, r.Message = "", ""
 	r.enter(Provisioned, now)
 	return nil

@@ -147,6 +147,45 @@ type Attempt struct {
 	// TrainerStartup is the trainer's own account of its start, from the
 	// same first report; nil when it gave none.
 	TrainerStartup *checkpoints.TrainerStartup `json:"trainerStartup,omitempty"`
+	// Stall is the monitor's suspicion that the attempt stopped making
+	// progress; nil while it has none.
+	Stall *Stall `json:"stall,omitempty"`
+}
+
+// Stall is a suspected stall of an attempt: no rank ended a step (or began
+// an evaluation or a save) for longer than Window, from Since, read in the
+// ranks' heartbeats (checkpoints.Beat).
+type Stall struct {
+	SuspectedAt time.Time     `json:"suspectedAt"`
+	Step        int64         `json:"step"`  // the last step any rank ended
+	Since       time.Time     `json:"since"` // the last sign of progress
+	Window      time.Duration `json:"window"`
+	// StepTime is the median step time the window was judged with (0: not
+	// known yet); Doing what the ranks said they did last; Behind the
+	// ranks whose last step is before Step.
+	StepTime time.Duration `json:"stepTime,omitempty"`
+	Doing    string        `json:"doing,omitempty"`
+	Behind   []int         `json:"behind,omitempty"`
+	// ClearedAt is when a rank moved on after the suspicion: it was a slow
+	// stretch, not a stall.
+	ClearedAt *time.Time `json:"clearedAt,omitempty"`
+}
+
+// Summary says the stall in one line.
+func (s *Stall) Summary() string {
+	msg := fmt.Sprintf("no progress since step %d ended at %s, %s without a step (window %s", s.Step,
+		s.Since.UTC().Format(time.TimeOnly), s.SuspectedAt.Sub(s.Since).Round(time.Second), s.Window)
+	if s.StepTime > 0 {
+		msg += fmt.Sprintf(", median step %s", s.StepTime.Round(time.Millisecond))
+	}
+	msg += ")"
+	if s.Doing != "" && s.Doing != "training" {
+		msg += "; the ranks were " + s.Doing
+	}
+	if len(s.Behind) > 0 {
+		msg += fmt.Sprintf("; ranks behind: %v", s.Behind)
+	}
+	return msg
 }
 
 // Startup is when an attempt's worker pods came up, as their status says:

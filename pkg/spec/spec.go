@@ -249,6 +249,8 @@ type Limits struct {
 	StartDeadline Duration `json:"startDeadline" spec:"min=1m,max=24h" doc:"Longest a submitted job may take to start running."`
 	Retries       int      `json:"retries" spec:"min=0,max=10" doc:"Retries after a failure outside the training code (a lost head or worker); each resumes from the latest checkpoint. Preemptions do not count here."`
 	Preemptions   int      `json:"preemptions" spec:"min=0,max=100" doc:"Attempts that may be lost to preemption (a Spot VM reclaimed, a node shut down) before the run fails; each resumes from the newest checkpoint and none counts against retries."`
+	StallAfter    Duration `json:"stallAfter" spec:"min=10s,max=24h" doc:"A running attempt whose ranks have not ended a step (nor begun an evaluation or a save) for this long, counted from its first step, is suspected stalled; the window is the longer of this and stallFactor median steps. Keep it well under the process group's 30-minute collective timeout."`
+	StallFactor   float64  `json:"stallFactor" spec:"min=1,max=1000" doc:"How many median step times without progress make a stall, when that is longer than stallAfter."`
 }
 
 // Defaults returns the spec of the reference workload, without the three
@@ -336,6 +338,8 @@ func Defaults() JobSpec {
 			StartDeadline: Duration(30 * minute),
 			Retries:       1,
 			Preemptions:   10,
+			StallAfter:    Duration(10 * minute),
+			StallFactor:   5,
 		},
 	}
 }

@@ -43,7 +43,7 @@ def _args(save_strategy, epochs, max_steps):
     )
 
 
-def _train(monkeypatch, assets, processor, dataset, tmp_path, args, watch):
+def _train(monkeypatch, assets, processor, dataset, tmp_path, args, watch, beat=None):
     """Train with the report callback; return it and what it reported to Ray."""
     import ray.train
 
@@ -60,7 +60,7 @@ def _train(monkeypatch, assets, processor, dataset, tmp_path, args, watch):
     )
     evaluations = []
     callback = worker._make_callback_class()(
-        {}, evaluate=lambda: evaluations.append(1) or {"eval_loss": 1.0}, watch=watch)
+        {}, evaluate=lambda: evaluations.append(1) or {"eval_loss": 1.0}, watch=watch, heartbeat=beat)
     trainer.add_callback(callback)
     trainer.train()
     return callback, reports, evaluations

@@ -292,6 +292,21 @@ def test_third_attempt_resumes_from_the_newest_checkpoint(run_c, storage):
     assert resume_copies() == []
 
 
+def test_every_rank_left_its_heartbeat(run_c, storage):
+    """Each rank's heartbeat (heartbeat.py) in its attempt's experiment folder: the
+    resumed attempt's last step, its own first step, and the end of training."""
+    import heartbeat
+
+    beats = sorted(glob.glob(os.path.join(storage, "exp-c", heartbeat.DIR, "rank-*.json")))
+    assert [os.path.basename(b) for b in beats] == ["rank-00000.json", "rank-00001.json"], beats
+    for path in beats:
+        with open(path) as f:
+            doc = json.load(f)
+        assert doc["step"] == STEPS + 9 and doc["activity"] == "ended", doc
+        assert doc["firstStepAt"] <= doc["stepAt"] <= doc["at"], doc
+        assert doc["stepSeconds"] > 0, doc
+
+
 def test_train_loss_is_the_mean_over_all_ranks(run_c, storage):
     """The last step is logged even off the logging interval, so train_loss is
     the mean of the logged losses (each the mean over both ranks), not one

@@ -2,6 +2,7 @@ package kubesim_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -413,6 +414,21 @@ func TestHangThenDelete(t *testing.T) {
 		}
 		return record(t, rj.Spec.JobId).LastStep == 1, nil
 	})
+	// The ranks' heartbeat threads go on beating, with the step they hung
+	// after: what the monitor's stall detection reads.
+	_, exp, _ := strings.Cut(strings.TrimPrefix(record(t, rj.Spec.JobId).Experiment, "gs://"), "/")
+	beat := func() checkpoints.Beat {
+		var b checkpoints.Beat
+		if err := json.Unmarshal(readObject(t, checkpoints.HeartbeatName(exp, 0)), &b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	first := beat()
+	waitFor(t, "a later heartbeat of the hung rank", 10*time.Second, func() (bool, error) { return beat().At > first.At, nil })
+	if b := beat(); b.Step != 1 || b.FirstStepAt == nil || b.StepAt == nil || b.Activity != "training" {
+		t.Errorf("heartbeat %+v, want step 1 still, training", b)
+	}
 	cur, err := getRayJob(rj.Name)
 	if err != nil {
 		t.Fatal(err)

@@ -265,11 +265,13 @@ type trainer struct {
 	driverLog strings.Builder
 	// head is the head pod, where the driver runs (found at its first line).
 	head *corev1.Pod
+	// heart plays the ranks' heartbeats once the train function began.
+	heart *heart
 }
 
 // train runs the steps and returns the Ray job's terminal status, "" if the
 // simulator stopped first, and the application error of a failed run.
-func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
+func (t *trainer) train(ctx context.Context) (status rayv1.JobStatus, errText string) {
 	a, sc := t.a, t.sc
 	exp := a.experimentName()
 	now := time.Now().UTC()
@@ -318,8 +320,12 @@ func (t *trainer) train(ctx context.Context) (rayv1.JobStatus, string) {
 		t.p.update(func(r *JobRecord) { r.ResumedFrom = step })
 	}
 
-	// The train function begins once Ray's runtime env is set up; it gets
-	// the base model and the data, timing both, as trainer/worker.py does.
+	// The train function begins once Ray's runtime env is set up; it
+	// starts the ranks' heartbeats, then gets the base model and the data,
+	// timing both, as trainer/worker.py does.
+	defer func() {
+		t.heart.end(ctx, status != "" && status != rayv1.JobStatusStopped && status != JobStatusLost)
+	}()
 	if err := t.startFunction(ctx); errors.Is(err, errStopped) {
 		return rayv1.JobStatusStopped, ""
 	} else if err != nil {
@@ -618,6 +624,7 @@ func (t *trainer) startFunction(ctx context.Context) error {
 	if err := t.p.sleep(ctx, sc.Env); err != nil {
 		return err
 	}
+	t.heart = t.startHeart(ctx)
 	began := time.Now()
 	if err := t.p.sleep(ctx, sc.Weights); err != nil {
 		return err
@@ -672,8 +679,13 @@ func (t *trainer) step(ctx context.Context, step, total int) error {
 		t.lossSum += l
 		t.lossN++
 	}
+	t.heart.step(step)
 	var ckpt any
 	if t.saves(step, total) {
+		if t.evalRows > 0 {
+			t.heart.note("evaluating")
+		}
+		t.heart.note("saving")
 		name := fmt.Sprintf("checkpoint_%06d", len(t.ckpts))
 		if err := t.writeCheckpoint(ctx, name, step, total); err != nil {
 			return err

@@ -20,6 +20,7 @@ func (t *trainer) writeSamples(ctx context.Context) error {
 	if n <= 0 {
 		return nil
 	}
+	t.heart.note("sampling")
 	start := time.Now()
 	dir := t.a.experimentName() + "/samples/"
 	var items []map[string]any

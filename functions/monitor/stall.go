@@ -1,0 +1,86 @@
+package monitor
+
+import (
+	"context"
+	"time"
+
+	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/runs"
+)
+
+// Stall detection. Every rank's heartbeat (checkpoints.Beat) says when it
+// last ended a step or began something between two steps (an evaluation,
+// a save, the sample answers). An attempt whose ranks have all been still
+// for longer than its window, max(limits.stallAfter, limits.stallFactor x
+// the median step time), is suspected stalled: a rank stuck in a
+// collective, a read that never returns, a data loader's deadlock, or a
+// rank that died while the others wait for it. The clock starts at the
+// attempt's first step, so that loading the model and compiling never
+// count; a stall before it is left to limits.startDeadline and deadline.
+
+// stallWindow is how long an attempt's ranks may be still: stallAfter, or
+// stallFactor median steps when that is longer.
+func stallWindow(r *runs.Record, stepTime time.Duration) time.Duration {
+	lim := r.Spec.Limits
+	return max(time.Duration(lim.StallAfter), time.Duration(lim.StallFactor*float64(stepTime)))
+}
+
+// suspectStall is the suspicion to record and announce about the running
+// attempt a, nil when there is none to record: the ranks moved within the
+// window, they have not ended a first step, they all ended training, or
+// the suspicion is recorded and announced already.
+func suspectStall(o Observation, a *runs.Attempt) *runs.Stall {
+	p := o.Pulse
+	if p == nil || p.FirstStep.IsZero() || a.RunningAt == nil || p.Doing == "ended" {
+		return nil
+	}
+	window := stallWindow(o.Run, p.StepTime)
+	if o.Now.Sub(p.Moved) <= window {
+		return nil
+	}
+	if s := a.Stall; s != nil && s.ClearedAt == nil && o.Run.WasPublished(runs.Stalled) {
+		return nil
+	}
+	return &runs.Stall{SuspectedAt: o.Now, Step: p.Step, Since: p.Moved, Window: window,
+		StepTime: p.StepTime, Doing: p.Doing, Behind: p.Behind}
+}
+
+// movedOn is when a rank of attempt a, suspected stalled, moved on after
+// the suspicion's last sign of progress; zero when a is not suspected or
+// none has.
+func movedOn(o Observation, a *runs.Attempt) time.Time {
+	if s := a.Stall; s != nil && s.ClearedAt == nil && o.Pulse != nil && o.Pulse.Moved.After(s.Since) {
+		return o.Pulse.Moved
+	}
+	return time.Time{}
+}
+
+// pulse reads the running attempt's heartbeats. One that cannot be read
+// now leaves the judgement to the next check: a stall is judged over
+// minutes, and a read that fails says nothing of the ranks.
+func (h *Handler) pulse(ctx context.Context, rec *runs.Record, files attemptFiles) *checkpoints.Pulse {
+	if rec.Phase != runs.Running {
+		return nil
+	}
+	beats, bad, err := checkpoints.ReadBeats(ctx, files.store, files.exp)
+	if err != nil {
+		h.Deps.Log.Warn("heartbeats_unread", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+		return nil
+	}
+	if len(bad) > 0 {
+		h.Deps.Log.Warn("heartbeats_malformed", "run_id", rec.RunID, "attempt", rec.Attempt, "objects", bad)
+	}
+	p, ok := checkpoints.PulseOf(beats)
+	if !ok {
+		return nil
+	}
+	return &p
+}
+
+// stall records and announces the suspicion that the attempt stalled.
+func (h *Handler) stall(ctx context.Context, rec *runs.Record, s *runs.Stall) error {
+	h.Deps.Log.Warn("attempt_stalled", "run_id", rec.RunID, "attempt", rec.Attempt, "step", s.Step,
+		"since", s.Since, "window", s.Window.String(), "doing", s.Doing, "behind", s.Behind)
+	_, err := h.Deps.NoteStall(ctx, rec.RunID, rec.Attempt, *s)
+	return err
+}
