@@ -2,9 +2,14 @@ package monitor
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/gcp"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
@@ -77,10 +82,23 @@ func (h *Handler) pulse(ctx context.Context, rec *runs.Record, files attemptFile
 	return &p
 }
 
-// stall records and announces the suspicion that the attempt stalled.
+// stall asks every rank for its stacks, then records and announces the
+// suspicion that the attempt stalled. The request is one object per
+// attempt, created once: a redelivery, or a later suspicion, finds it
+// there (each rank also writes its stacks unasked when its own step
+// stalls).
 func (h *Handler) stall(ctx context.Context, rec *runs.Record, s *runs.Stall) error {
 	h.Deps.Log.Warn("attempt_stalled", "run_id", rec.RunID, "attempt", rec.Attempt, "step", s.Step,
 		"since", s.Since, "window", s.Window.String(), "doing", s.Doing, "behind", s.Behind)
-	_, err := h.Deps.NoteStall(ctx, rec.RunID, rec.Attempt, *s)
+	bucket, exp := manifests.Experiment(rec.Spec, rec.RunID, rec.Attempt)
+	ask, err := json.Marshal(checkpoints.StacksAsk{ID: fmt.Sprintf("attempt-%d", rec.Attempt), Why: s.Summary(), At: s.SuspectedAt})
+	if err != nil {
+		return err
+	}
+	name := checkpoints.StacksRequestName(exp)
+	if err := h.Deps.Objects.Create(ctx, bucket, name, ask, "application/json"); err != nil && !errors.Is(err, gcp.ErrExists) {
+		return fmt.Errorf("ask for the ranks' stacks at gs://%s/%s: %w", bucket, name, err)
+	}
+	_, err = h.Deps.NoteStall(ctx, rec.RunID, rec.Attempt, *s)
 	return err
 }

@@ -31,6 +31,11 @@ type Diagnosis struct {
 	Ranks  []RankErrors `json:"ranks"`
 	Pods   []PodState   `json:"pods"`
 	Events []EventLine  `json:"events"`
+	// Stacks are where each rank's main thread waited, from the stacks the
+	// ranks wrote when a stall was suspected (none otherwise); Outside the
+	// ranks that waited outside any collective the others waited in.
+	Stacks  []RankStack `json:"stacks,omitempty"`
+	Outside []int       `json:"outside,omitempty"`
 	// Unread says what of the evidence could not be read, if anything.
 	Unread string `json:"unread,omitempty"`
 }
@@ -99,6 +104,11 @@ func Diagnose(ctx context.Context, st checkpoints.Store, folder, uri string, rec
 		if err := gather(ctx, st, folder, &in, true); err != nil {
 			d.Unread = err.Error()
 		}
+		stacks, err := ReadStacks(ctx, st, folder)
+		if err != nil && d.Unread == "" {
+			d.Unread = err.Error()
+		}
+		d.Stacks, d.Outside = stacks, Outside(stacks)
 	}
 	if rec.Cause != nil {
 		d.Cause = *rec.Cause

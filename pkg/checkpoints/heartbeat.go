@@ -40,6 +40,32 @@ type Beat struct {
 	Host       string   `json:"host,omitempty"`
 }
 
+// StacksRequest is the object, beside the heartbeats, by which the monitor
+// asks every rank for its threads' stacks (StacksAsk); each rank answers a
+// request once, in the attempt's evidence folder: StacksDir/rank-<NNNNN>.txt.
+const (
+	StacksRequest = "stacks-request.json"
+	StacksDir     = "stacks"
+)
+
+// StacksAsk is the monitor's request for stacks.
+type StacksAsk struct {
+	ID  string    `json:"id"`
+	Why string    `json:"why"`
+	At  time.Time `json:"at"`
+}
+
+// StacksRequestName is the object of the request for stacks in experiment.
+func StacksRequestName(experiment string) string {
+	return strings.TrimSuffix(experiment, "/") + "/" + HeartbeatDir + "/" + StacksRequest
+}
+
+// StacksName is the object of rank's stacks under an evidence folder
+// (a name prefix ending in /).
+func StacksName(folder string, rank int) string {
+	return fmt.Sprintf("%s%s/rank-%05d.txt", folder, StacksDir, rank)
+}
+
 // HeartbeatName is the object of rank's heartbeat in experiment.
 func HeartbeatName(experiment string, rank int) string {
 	return fmt.Sprintf("%s/%s/rank-%05d.json", strings.TrimSuffix(experiment, "/"), HeartbeatDir, rank)

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/raydrop/raydrop/pkg/cause"
+	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/evidence"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -141,6 +142,7 @@ func printDiagnosis(w io.Writer, d cause.Diagnosis) {
 			}
 		}
 	}
+	printStacks(w, d)
 	if len(d.Pods) > 0 {
 		fmt.Fprintln(w, "\npods:")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -174,5 +176,33 @@ func printDiagnosis(w io.Writer, d cause.Diagnosis) {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", when, ev.Object, ev.Type, ev.Reason, ev.Message)
 		}
 		_ = tw.Flush()
+	}
+}
+
+// printStacks prints where each rank's main thread waited, when the ranks
+// wrote their stacks (a suspected stall), and the ranks the others waited
+// for.
+func printStacks(w io.Writer, d cause.Diagnosis) {
+	if len(d.Stacks) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nwhere each rank waited (%s%s/):\n", d.Evidence, checkpoints.StacksDir)
+	for _, s := range d.Stacks {
+		rank := "rank ?"
+		if s.Rank >= 0 {
+			rank = fmt.Sprintf("rank %d", s.Rank)
+		}
+		where := s.Where
+		if where == "" {
+			where = "(no main thread in " + s.Source + ")"
+		}
+		tag := ""
+		if s.InCollective {
+			tag = "  [in a collective]"
+		}
+		fmt.Fprintf(w, "  %s: %s%s\n", rank, where, tag)
+	}
+	if len(d.Outside) > 0 {
+		fmt.Fprintf(w, "  ranks %v waited outside any collective: the others waited for them\n", d.Outside)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -182,6 +183,12 @@ func RayCluster(s *spec.JobSpec, code Code, tier int) *rayv1.RayCluster {
 		VolumeMounts: mounts(),
 		Lifecycle:    &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: PreStop}}},
 	}
+	if c.Ptrace {
+		// py-spy reads the training processes' memory: the heartbeat adds its
+		// native frames to a stalled rank's stacks (trainer/heartbeat.py).
+		worker.SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_PTRACE"}}}
+		worker.Env = append(worker.Env, corev1.EnvVar{Name: PySpyEnv, Value: "1"})
+	}
 	sidecars := func(image string) []corev1.Container { return []corev1.Container{RayLogsSidecar(image)} }
 	nodeSelector, tolerations := WorkerPlacement(s, tier)
 	return &rayv1.RayCluster{
@@ -238,6 +245,15 @@ const RayLogsContainer = "raylogs"
 // EvidenceEnv is the runtime env variable in which a RayJob names its
 // attempt's evidence folder (trainer/raylogs.py EVIDENCE_ENV).
 const EvidenceEnv = "RAYDROP_EVIDENCE"
+
+// The runtime env variables of the run's stall window, which each rank's
+// heartbeat watches its own step with (trainer/heartbeat.py), and the
+// worker containers' variable that says they may ptrace (cluster.ptrace).
+const (
+	StallAfterEnv  = "RAYDROP_STALL_AFTER_S"
+	StallFactorEnv = "RAYDROP_STALL_FACTOR"
+	PySpyEnv       = "RAYDROP_PY_SPY"
+)
 
 // RayLogsSidecar is the RayLogsContainer of a Ray pod whose Ray container
 // runs image (its Python runs the collector, from the trainer code).
@@ -621,6 +637,8 @@ func RuntimeEnvYAML(s *spec.JobSpec, run Run) string {
 		"RAY_JOB_STOP_WAIT_TIME_S": strconv.Itoa(StopWaitSeconds),
 		DatasetFormatEnv:           DatasetFormat(s),
 		EvidenceEnv:                EvidenceFolder(s, run.ID, run.Attempt),
+		StallAfterEnv:              strconv.FormatFloat(time.Duration(s.Limits.StallAfter).Seconds(), 'f', -1, 64),
+		StallFactorEnv:             strconv.FormatFloat(s.Limits.StallFactor, 'f', -1, 64),
 	}})
 	if err != nil {
 		panic(err) // strings always marshal

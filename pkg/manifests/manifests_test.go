@@ -208,10 +208,12 @@ func TestMatchesTutorial(t *testing.T) {
 			}
 		}
 		// The attempt's evidence folder tells the Ray pods' log collectors
-		// where this job's logs go.
+		// where this job's logs go; the stall window, the ranks' heartbeats
+		// when to write their stacks unasked.
 		wantEvidence := "gs://" + s.Output.Bucket + "/" + s.Output.Prefix + "/" + run.ID + "/evidence/attempt-1/"
-		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 3 || vars[manifests.DatasetFormatEnv] == nil || vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil || vars[manifests.EvidenceEnv] != wantEvidence {
-			t.Errorf("runtime env variables = %v, want only %s, RAY_JOB_STOP_WAIT_TIME_S and %s=%s", gotEnv["env_vars"], manifests.DatasetFormatEnv, manifests.EvidenceEnv, wantEvidence)
+		if vars, _ := gotEnv["env_vars"].(map[string]any); len(vars) != 5 || vars[manifests.DatasetFormatEnv] == nil || vars["RAY_JOB_STOP_WAIT_TIME_S"] == nil || vars[manifests.EvidenceEnv] != wantEvidence ||
+			vars[manifests.StallAfterEnv] != "600" || vars[manifests.StallFactorEnv] != "5" {
+			t.Errorf("runtime env variables = %v, want only %s, RAY_JOB_STOP_WAIT_TIME_S, %s=%s, %s=600 and %s=5", gotEnv["env_vars"], manifests.DatasetFormatEnv, manifests.EvidenceEnv, wantEvidence, manifests.StallAfterEnv, manifests.StallFactorEnv)
 		}
 		delete(gotEnv, "env_vars")
 		if !reflect.DeepEqual(gotEnv, wantEnv) {
@@ -708,6 +710,25 @@ func TestOnTier(t *testing.T) {
 		}
 		if got >= 0 && manifests.TierType(tt.sel) != tt.s.Tier(got).Type {
 			t.Errorf("%s: TierType %s, want %s", tt.name, manifests.TierType(tt.sel), tt.s.Tier(got).Type)
+		}
+	}
+}
+
+// TestPtrace: cluster.ptrace gives the GPU worker containers SYS_PTRACE and
+// tells their heartbeats py-spy may run; off (the default), neither.
+func TestPtrace(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		s := exampleSpec(t)
+		s.Cluster.Ptrace = on
+		rc := manifests.RayCluster(s, fixedCode, 0)
+		w := rc.Spec.WorkerGroupSpecs[0].Template.Spec.Containers[0]
+		added := w.SecurityContext != nil && w.SecurityContext.Capabilities != nil && slices.Equal(w.SecurityContext.Capabilities.Add, []corev1.Capability{"SYS_PTRACE"})
+		env := slices.ContainsFunc(w.Env, func(e corev1.EnvVar) bool { return e.Name == manifests.PySpyEnv && e.Value == "1" })
+		if added != on || env != on {
+			t.Errorf("ptrace %v: SYS_PTRACE added %v, %s set %v", on, added, manifests.PySpyEnv, env)
+		}
+		if h := rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]; h.SecurityContext != nil {
+			t.Errorf("ptrace %v: the head got a security context %+v", on, h.SecurityContext)
 		}
 	}
 }

@@ -147,6 +147,7 @@ type Cluster struct {
 	HFSecret       SecretRef  `json:"hfSecret" doc:"Kubernetes Secret holding the Hugging Face token; the token itself never appears in a spec."`
 	Head           Head       `json:"head" doc:"The Ray head pod."`
 	Workers        WorkerPool `json:"workers" doc:"The GPU worker group."`
+	Ptrace         bool       `json:"ptrace" doc:"Give the GPU worker containers the SYS_PTRACE capability, so that the stacks a stalled rank writes include py-spy's native frames (py-spy dump --native): where a collective waits. The Pod Security Standards' baseline and restricted levels forbid it; see docs/failures.md for GKE Autopilot. Off: the stacks are Python's own, which need no privilege."`
 }
 
 // StockImage is the stock Ray image of version rayVersion: the head's, or

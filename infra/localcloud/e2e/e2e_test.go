@@ -346,6 +346,10 @@ func TestHangHitsDeadline(t *testing.T) {
 	// with it the submitter): the hung job's output up to its last step.
 	checkEvidence(t, r, eventsOf(t, runID), "Tailing logs until the job exits")
 	checkCause(t, runID, eventsOf(t, runID), "DeadlineExceeded", "longer than limits.deadline")
+	// Asked when the stall was suspected, every rank wrote its stacks to
+	// the evidence: the hung rank waits on its data, the others in the
+	// all-reduce; diagnose says which rank the others waited for.
+	checkStacks(t, runID)
 	waitNoWorkers(t, "e2e-hang")
 }
 

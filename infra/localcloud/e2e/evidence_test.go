@@ -5,7 +5,9 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +175,33 @@ func checkDiagnose(t *testing.T, runID, kind, line string) {
 	var d cause.Diagnosis
 	if err := json.Unmarshal([]byte(out), &d); code != 0 || err != nil || d.Cause.Kind != kind || d.RunID != runID || len(d.Pods) == 0 {
 		t.Errorf("diagnose --json: exit %d (%v), cause %+v, %d pods; want %s:\n%s%s", code, err, d.Cause, len(d.Pods), kind, out, stderr)
+	}
+}
+
+// checkStacks checks that every rank of the hung run wrote its stacks to
+// its evidence (the last rank, the scenario's hung one, outside any
+// collective) and that diagnose shows where each waited, as text and as
+// JSON.
+func checkStacks(t *testing.T, runID string) {
+	t.Helper()
+	code, out, _ := raydrop("diagnose", runID, "--json")
+	var d cause.Diagnosis
+	if err := json.Unmarshal([]byte(out), &d); code != 0 || err != nil || len(d.Stacks) < 2 {
+		t.Fatalf("diagnose --json: exit %d (%v), stacks %+v", code, err, d.Stacks)
+	}
+	last := len(d.Stacks) - 1
+	for i, s := range d.Stacks {
+		if s.Rank != i || s.InCollective == (i == last) || !strings.Contains(s.Header, "asked by the monitor: no progress since step 1") {
+			t.Errorf("rank %d's stacks %+v", i, s)
+		}
+	}
+	if !slices.Equal(d.Outside, []int{last}) {
+		t.Errorf("outside %v, want [%d]", d.Outside, last)
+	}
+	code, out, stderr := raydrop("diagnose", runID)
+	t.Logf("raydrop diagnose %s:\n%s", runID, out)
+	if code != 0 || !strings.Contains(out, "where each rank waited") || !strings.Contains(out, "rank 0: all_reduce (torch/distributed/distributed_c10d.py:") ||
+		!strings.Contains(out, fmt.Sprintf("rank %d: wait (threading.py:331)", last)) || !strings.Contains(out, fmt.Sprintf("ranks [%d] waited outside any collective", last)) {
+		t.Errorf("diagnose: exit %d, not where each rank waited:\n%s%s", code, out, stderr)
 	}
 }

@@ -32,6 +32,8 @@ type heart struct {
 	took []float64 // step times, seconds
 	stop chan struct{}
 	done chan struct{}
+	// answered is the request for stacks answered last (stacks.go).
+	answered string
 }
 
 // startHeart starts the ranks' heartbeats.
@@ -45,6 +47,7 @@ func (t *trainer) startHeart(ctx context.Context) *heart {
 		defer tick.Stop()
 		for {
 			h.write(ctx)
+			h.answer(ctx)
 			select {
 			case <-tick.C:
 			case <-h.stop:

@@ -75,7 +75,10 @@ const (
 	// head no longer knows the job. KubeRay then fails the RayJob.
 	LoseHead Outcome = "lose-head"
 	// Hang stops making progress at step At and stays RUNNING until the
-	// job is stopped (deleting the RayJob stops it).
+	// job is stopped (deleting the RayJob stops it): rank Rank waits on a
+	// read of its data, the others in the all-reduce of step At; the
+	// ranks' heartbeats go on with the step before, and their stacks say
+	// so when the monitor asks (stacks.go).
 	Hang Outcome = "hang"
 	// Preempt reclaims a worker's node at step At (capacity.go): the pod is
 	// marked disrupted and failed, the trainer finishes step At, saves a
@@ -139,7 +142,7 @@ type Scenario struct {
 	// (the default: the save on notice ends), Reclaim or ReclaimInSave.
 	PreemptAs Outcome
 	// Rank is the rank that fails in cuda-oom, nccl-timeout, oom-killed
-	// and host-oom (nil: the last).
+	// and host-oom, or hangs in hang (nil: the last).
 	Rank *int `json:"rank,omitempty"`
 	// DroppedRows is how many of the dataset's rows are longer than
 	// --max-seq-length (default 0). The dataset has one epoch's samples plus
