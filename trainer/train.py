@@ -21,13 +21,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cli  # noqa: E402
 import driverlog  # noqa: E402
+import heartbeat  # noqa: E402
 import notice  # noqa: E402
 import result  # noqa: E402
 import weights  # noqa: E402
 
 # Modules whose code the Ray workers need. They are pickled by value, so the
 # workers do not depend on the code directory being on their import path.
-WORKER_MODULES = ("cli", "data", "modeling", "notice", "result", "samples", "sft", "weights", "worker")
+WORKER_MODULES = ("cli", "data", "heartbeat", "modeling", "notice", "result", "samples", "sft", "weights", "worker")
+
+# Ray Train's default process group timeout is 30 minutes: a collective that
+# never completes holds every GPU that long before its watchdog aborts it. The
+# run's stall window (limits.stallAfter, in the runtime env) bounds it instead,
+# plus this margin, which covers the ranks' skew in loading the model and the
+# data before the first step (one rank per node downloads while the others
+# wait in a barrier, a collective too).
+COLLECTIVE_MARGIN_S = 600
+RAY_TRAIN_TIMEOUT_S = 1800
+
+
+def collective_timeout_s(env=None) -> int:
+    """The process group's timeout: limits.stallAfter plus COLLECTIVE_MARGIN_S, or Ray
+    Train's default when the runtime env names no stall window."""
+    env = os.environ if env is None else env
+    try:
+        after = float(env.get(heartbeat.STALL_AFTER_ENV) or 0)
+    except ValueError:
+        after = 0
+    if after <= 0:
+        return RAY_TRAIN_TIMEOUT_S
+    return int(after) + COLLECTIVE_MARGIN_S
 
 
 def _log(msg: str) -> None:
@@ -38,7 +61,7 @@ def run(args) -> int:
     import ray
     import ray.cloudpickle
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     import worker
 
@@ -88,12 +111,15 @@ def run(args) -> int:
         checkpoint_config=CheckpointConfig(num_to_keep=None),
         failure_config=FailureConfig(max_failures=0),
     )
+    timeout_s = collective_timeout_s()
     trainer = TorchTrainer(
         worker.train_func,
         train_loop_config=config,
         scaling_config=scaling,
         run_config=run_config,
+        torch_config=TorchConfig(timeout_s=timeout_s),
     )
+    _log(f"a collective waits at most {timeout_s} s (the process group's timeout)")
 
     status, error, trial_hint = "failed", None, None
     try:

@@ -47,9 +47,12 @@ type Observation struct {
 	// be named.
 	Cause *runs.Cause
 	// Pulse is what the current attempt's ranks' heartbeats say, nil when
-	// none has beaten (or they were not read: a run not RUNNING).
-	Pulse *checkpoints.Pulse
-	Now   time.Time
+	// none has beaten (or they were not read: a run not RUNNING); Stacks
+	// how many ranks have written their stacks to the attempt's evidence,
+	// read only once a stall is suspected.
+	Pulse  *checkpoints.Pulse
+	Stacks int
+	Now    time.Time
 }
 
 // Action is what a check does about a run.
@@ -195,6 +198,9 @@ func decideJob(o Observation) (Decision, error) {
 	if o.EarlyStop != "" {
 		// Its checkpoints are kept; it ends STOPPED, not as a failure.
 		return Decision{Action: Finish, DeleteJob: true, Ending: runs.Ending{Outcome: runs.OutcomeStopped, Reason: runs.EarlyStopped, Message: "stopped early: " + o.EarlyStop}}, nil
+	}
+	if d, ok := actOnStall(o, a); ok {
+		return withEvidence(d, evidence), nil
 	}
 	jobName := names.RayJob(r.RunID, r.Attempt)
 	if o.Job == nil {

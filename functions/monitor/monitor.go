@@ -125,7 +125,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 		if m := o.Mark; m != nil && m.Status == "failed" && !m.NoticeSeen && !rec.CancelRequested {
 			o.Cause = h.causeOf(ctx, rec, m)
 		}
-		o.Pulse = h.pulse(ctx, rec, files)
+		o.Pulse, o.Stacks = h.pulse(ctx, rec, files), h.stacks(ctx, rec)
 	}
 	if rec.Phase == runs.Checking && rec.Spec != nil {
 		if o.Job, err = h.job(ctx, rec, listed); err != nil {
@@ -210,7 +210,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 		}
 		return h.Deps.FinishAnnouncing(ctx, rec.RunID, rec.Attempt, runs.Ending{Outcome: runs.OutcomeSucceeded}, ran)
 	case Retry:
-		return h.retry(ctx, rec, d.Why, d.Cause, files)
+		return h.retry(ctx, rec, d, files)
 	case Checked:
 		return h.checked(ctx, rec)
 	case Stall:
@@ -221,7 +221,7 @@ func (h *Handler) act(ctx context.Context, rec *runs.Record, d Decision, files a
 
 // retry starts the next attempt, resuming from the newest complete
 // checkpoint of this one (or the one this one resumed from).
-func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, c *runs.Cause, files attemptFiles) error {
+func (h *Handler) retry(ctx context.Context, rec *runs.Record, d Decision, files attemptFiles) error {
 	resume := ""
 	if a := rec.CurrentAttempt(); a != nil {
 		resume = a.ResumeFrom
@@ -235,9 +235,15 @@ func (h *Handler) retry(ctx context.Context, rec *runs.Record, why string, c *ru
 	case res.Latest != nil:
 		resume = res.Latest.URI
 	}
-	h.Deps.Log.Warn("attempt_retried", "run_id", rec.RunID, "attempt", rec.Attempt, "reason", why, "resume_from", resume)
+	h.Deps.Log.Warn("attempt_retried", "run_id", rec.RunID, "attempt", rec.Attempt, "reason", d.Why, "resume_from", resume)
 	// The next attempt replaces this one's pods: what they can tell of
-	// how it ended is kept first.
+	// how it ended is kept first. A job still running (a stalled one) is
+	// stopped, its RayJob deleted, before the next takes its cluster.
 	h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
-	return h.Deps.StartRetry(ctx, rec.RunID, rec.Attempt+1, resume, why, c)
+	if d.DeleteJob {
+		if err := h.Deps.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
+			return err
+		}
+	}
+	return h.Deps.StartRetry(ctx, rec.RunID, rec.Attempt+1, resume, d.Why, d.Cause)
 }

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/gcp"
@@ -43,11 +46,46 @@ func suspectStall(o Observation, a *runs.Attempt) *runs.Stall {
 	if o.Now.Sub(p.Moved) <= window {
 		return nil
 	}
-	if s := a.Stall; s != nil && s.ClearedAt == nil && o.Run.WasPublished(runs.Stalled) {
+	if s := a.Stall; s != nil && s.ClearedAt == nil && o.Run.WasPublished(runs.StallSuspected) {
 		return nil
 	}
 	return &runs.Stall{SuspectedAt: o.Now, Step: p.Step, Since: p.Moved, Window: window,
 		StepTime: p.StepTime, Doing: p.Doing, Behind: p.Behind}
+}
+
+// StacksGrace is how long the monitor waits, after it asked, for every
+// rank's stacks before it acts on a stall without them: two of the
+// heartbeat's 30 s beats and the writes (a rank whose heartbeat thread is
+// stopped too, by a main thread holding the GIL, never answers).
+const StacksGrace = 90 * time.Second
+
+// actOnStall is what to do about attempt a, suspected stalled and
+// announced, once every rank's stacks are in (or StacksGrace has passed,
+// or its RayJob is gone): restart it from its latest checkpoint while
+// limits.stallRestarts allows, else fail the run Stalled. ok is false
+// while there is nothing to do yet, or no stall to act on: a job that
+// ended on its own is judged by how it ended.
+func actOnStall(o Observation, a *runs.Attempt) (Decision, bool) {
+	r, s := o.Run, a.Stall
+	if s == nil || s.ClearedAt != nil || !r.WasPublished(runs.StallSuspected) || !movedOn(o, a).IsZero() {
+		return Decision{}, false
+	}
+	if o.Job != nil && (rayv1.IsJobDeploymentTerminal(o.Job.Status.JobDeploymentStatus) || o.Job.Status.JobDeploymentStatus == rayv1.JobDeploymentStatusValidationFailed) {
+		return Decision{}, false
+	}
+	ranks := 0
+	if o.Pulse != nil {
+		ranks = o.Pulse.Ranks
+	}
+	if o.Job != nil && (ranks == 0 || o.Stacks < ranks) && o.Now.Sub(s.SuspectedAt) < StacksGrace {
+		return Decision{Action: Wait}, true // the stacks first
+	}
+	c := &runs.Cause{Kind: string(runs.Stalled), Summary: "training stopped advancing: " + s.Summary(), Rank: -1, Step: s.Step}
+	lim := r.Spec.Limits
+	if n := r.StallRestarts(); n < lim.StallRestarts {
+		return Decision{Action: Retry, DeleteJob: true, Cause: c, Why: fmt.Sprintf("stalled: %s; restart %d of limits.stallRestarts %d", s.Summary(), n+1, lim.StallRestarts)}, true
+	}
+	return fail(runs.Stalled, true, "stalled: %s; %d restarts already (limits.stallRestarts %d)", s.Summary(), r.StallRestarts(), lim.StallRestarts), true
 }
 
 // movedOn is when a rank of attempt a, suspected stalled, moved on after
@@ -101,4 +139,24 @@ func (h *Handler) stall(ctx context.Context, rec *runs.Record, s *runs.Stall) er
 	}
 	_, err = h.Deps.NoteStall(ctx, rec.RunID, rec.Attempt, *s)
 	return err
+}
+
+// stacks is how many ranks have written their stacks to the current
+// attempt's evidence folder, counted only once a stall is suspected (0
+// when none, or the folder cannot be listed now: the grace then decides).
+func (h *Handler) stacks(ctx context.Context, rec *runs.Record) int {
+	a := rec.CurrentAttempt()
+	if a == nil || a.Stall == nil || a.Stall.ClearedAt != nil {
+		return 0
+	}
+	bucket, folder, ok := strings.Cut(strings.TrimPrefix(manifests.EvidenceFolder(rec.Spec, rec.RunID, rec.Attempt), "gs://"), "/")
+	if !ok {
+		return 0
+	}
+	names, err := h.Deps.Objects.Bucket(bucket).List(ctx, folder+checkpoints.StacksDir+"/")
+	if err != nil {
+		h.Deps.Log.Warn("stacks_unlisted", "run_id", rec.RunID, "attempt", rec.Attempt, "error", err.Error())
+		return 0
+	}
+	return len(names)
 }

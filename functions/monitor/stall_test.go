@@ -1,8 +1,11 @@
 package monitor
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	rayv1 "github.com/ray-project/kuberay/ray-operator/apis/ray/v1"
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -27,7 +30,7 @@ func TestDecideStall(t *testing.T) {
 	suspected := func(r *runs.Record) {
 		r.Attempts[0].Stall = &runs.Stall{SuspectedAt: first.Add(11 * time.Minute), Step: 3, Since: first, Window: 10 * time.Minute}
 	}
-	published := func(r *runs.Record) { r.Published = append(r.Published, runs.Stalled) }
+	published := func(r *runs.Record) { r.Published = append(r.Published, runs.StallSuspected) }
 	cleared := func(r *runs.Record) {
 		at := first.Add(12 * time.Minute)
 		r.Attempts[0].Stall.ClearedAt = &at
@@ -47,7 +50,6 @@ func TestDecideStall(t *testing.T) {
 		{"slow steps widen the window", rec(runs.Running), pulse(first, first, 3*time.Minute), first.Add(14 * time.Minute), false, false},
 		{"past five slow steps", rec(runs.Running), pulse(first, first, 3*time.Minute), first.Add(15*time.Minute + time.Second), true, false},
 		{"every rank ended training", rec(runs.Running), &checkpoints.Pulse{Step: 3, FirstStep: first, Moved: first, Doing: "ended"}, first.Add(time.Hour), false, false},
-		{"suspected and announced", rec(runs.Running, suspected, published), pulse(first, first, time.Second), first.Add(time.Hour), false, false},
 		{"suspected, its event not out", rec(runs.Running, suspected), pulse(first, first, time.Second), first.Add(time.Hour), true, false},
 		{"suspected, then a rank moved", rec(runs.Running, suspected, published), pulse(first, first.Add(12*time.Minute), time.Second), first.Add(13 * time.Minute), false, true},
 		{"cleared, then still again", rec(runs.Running, suspected, published, cleared), pulse(first, first.Add(12*time.Minute), time.Second), first.Add(23 * time.Minute), true, false},
@@ -88,5 +90,72 @@ func TestClearStall(t *testing.T) {
 	}
 	if clearStall(a, since.Add(2*time.Minute)) {
 		t.Fatal("cleared twice")
+	}
+}
+
+// TestActOnStall: a suspected, announced stall is acted on once every
+// rank's stacks are in, or the grace for them has passed, or the job is
+// gone: a restart from the latest checkpoint while limits.stallRestarts
+// allows, then the run fails Stalled; a job that ended on its own is
+// judged by how it ended.
+func TestActOnStall(t *testing.T) {
+	first := t0.Add(5 * time.Minute)
+	suspectedAt := first.Add(11 * time.Minute)
+	suspected := func(r *runs.Record) {
+		a := r.CurrentAttempt()
+		a.Stall = &runs.Stall{SuspectedAt: suspectedAt, Step: 3, Since: first, Window: 10 * time.Minute}
+		r.Published = append(r.Published, runs.StallSuspected)
+	}
+	restarted := func(r *runs.Record) {
+		r.Attempts[0].Outcome, r.Attempts[0].Reason = runs.OutcomeRetried, runs.Stalled
+		r.Attempts = append(r.Attempts, runs.Attempt{N: 2, CreatedAt: t0, RunningAt: r.Attempts[0].RunningAt})
+		r.Attempt = 2
+	}
+	failed := job(rayv1.JobDeploymentStatusFailed, rayv1.JobStatusFailed)
+	cases := []struct {
+		name   string
+		r      *runs.Record
+		job    *rayv1.RayJob
+		stacks int
+		now    time.Time
+		action Action
+		reason runs.Reason
+	}{
+		{"the stacks not in yet", rec(runs.Running, suspected), running, 1, suspectedAt.Add(time.Minute), Wait, ""},
+		{"every rank's stacks in: restart", rec(runs.Running, suspected), running, 2, suspectedAt.Add(5 * time.Second), Retry, ""},
+		{"the grace passed without them: restart", rec(runs.Running, suspected), running, 0, suspectedAt.Add(StacksGrace), Retry, ""},
+		{"the job gone (deleted before a crash): restart", rec(runs.Running, suspected), nil, 0, suspectedAt.Add(time.Second), Retry, ""},
+		{"restarts used up: fail Stalled", rec(runs.Running, restarted, suspected), running, 2, suspectedAt.Add(5 * time.Second), Finish, runs.Stalled},
+		{"the job ended on its own: judged by its end", rec(runs.Running, suspected), failed, 2, suspectedAt.Add(5 * time.Second), Retry, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, err := Decide(Observation{Run: c.r, Job: c.job, Pulse: pulse(first, first, time.Second), Stacks: c.stacks, Now: c.now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Action != c.action || d.Ending.Reason != c.reason {
+				t.Fatalf("decision %+v, want %s %s", d, c.action, c.reason)
+			}
+			switch {
+			case c.job == failed:
+				if d.Cause != nil || d.DeleteJob {
+					t.Errorf("an ended job retried as a stall: %+v", d)
+				}
+			case d.Action == Retry:
+				if !d.DeleteJob || d.Cause == nil || d.Cause.Kind != string(runs.Stalled) || !strings.Contains(d.Why, "restart 1 of limits.stallRestarts 1") {
+					t.Errorf("restart %+v", d)
+				}
+			case d.Action == Finish:
+				if !d.DeleteJob || !strings.Contains(d.Ending.Message, "1 restarts already (limits.stallRestarts 1)") {
+					t.Errorf("failure %+v", d)
+				}
+			}
+		})
+	}
+	// Restarts count apart from retries.
+	r := rec(runs.Running, restarted)
+	if retried, _ := r.Lost(); retried != 0 || r.StallRestarts() != 1 {
+		t.Fatalf("lost %d, stall restarts %d", retried, r.StallRestarts())
 	}
 }

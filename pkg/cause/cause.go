@@ -94,6 +94,9 @@ type Input struct {
 	// first (its order says which rank failed first), then the ranks' own
 	// files.
 	Logs []Log
+	// Stacks are where the ranks waited, when they wrote their stacks (a
+	// suspected stall).
+	Stacks []RankStack
 }
 
 // Mark is what Classify reads of the trainer's completion mark.
@@ -180,8 +183,8 @@ func classify(in Input) Cause {
 	switch {
 	case in.Reason == runs.Preempted || (in.Mark != nil && in.Mark.Status == "preempted"):
 		return Cause{Kind: string(Preempted), Rank: -1}
-	case in.Reason == runs.Reason(Stalled):
-		return Cause{Kind: string(Stalled), Rank: -1}
+	case in.Reason == runs.Stalled:
+		return stalled(in)
 	case in.Reason == runs.DeadlineExceeded || in.Reason == runs.StartDeadlineExceeded:
 		return Cause{Kind: string(DeadlineExceeded), Rank: -1}
 	case in.Reason == runs.InvalidData:
@@ -421,6 +424,9 @@ func summary(c Cause, in Input) string {
 	case Preempted:
 		return "the GPU nodes were taken back (preemption) more often than limits.preemptions allows"
 	case Stalled:
+		if first != "" && c.Rank >= 0 {
+			return "training stopped advancing" + where + ", which waited outside the collective the other ranks waited in: " + first
+		}
 		return "training stopped advancing" + where
 	case DeadlineExceeded:
 		if in.Reason == runs.StartDeadlineExceeded {
@@ -448,7 +454,7 @@ var hints = map[Kind]string{
 	DataError:        "fix the dataset (the line names the file, row and column); set dataset.check to find every bad row before any GPU is asked for",
 	PythonException:  "the traceback's last frames show where the training code failed; a retry would fail the same way",
 	Preempted:        "use a reservation or on-demand tier in cluster.capacity, or raise limits.preemptions",
-	Stalled:          "the stacks in the evidence show where the ranks wait; a retry from the last checkpoint may pass",
+	Stalled:          "raydrop diagnose shows where each rank waited (their stacks in the evidence): fix what the rank the others waited for is stuck in, raise limits.stallRestarts to restart from the last checkpoint again, or raise limits.stallAfter if a step can take that long",
 	DeadlineExceeded: "raise limits.deadline (or limits.startDeadline when the attempt never started), or train fewer steps",
 	Cancelled:        "",
 	Unknown:          "read the evidence folder: the pods' logs and statuses, the events, each rank's Ray logs",

@@ -16,6 +16,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/evidence"
+	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 // Limits of what Gather reads.
@@ -68,6 +69,11 @@ func gather(ctx context.Context, st checkpoints.Store, folder string, in *Input,
 			// tails its output; a worker's line names its own by IP.
 			in.Logs = append(in.Logs, Log{Source: f.Path, Text: text})
 		}
+	}
+	if in.Reason == runs.Stalled {
+		stacks, err := ReadStacks(ctx, st, folder)
+		note(err)
+		in.Stacks = stacks
 	}
 	if c := Classify(*in); !rays && c.Source != "" && c.Source != markSource && Kind(c.Kind) != PythonException {
 		return first

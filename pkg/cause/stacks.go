@@ -145,3 +145,24 @@ func Outside(stacks []RankStack) []int {
 	}
 	return out
 }
+
+// stalled is the Stalled cause, with where the ranks waited when their
+// stacks are in: the rank the others waited for first (when one waited
+// outside the collective they waited in), then every rank's wait.
+func stalled(in Input) Cause {
+	c := Cause{Kind: string(Stalled), Rank: -1}
+	if len(in.Stacks) == 0 {
+		return c
+	}
+	c.Source = checkpoints.StacksDir + "/"
+	outside := Outside(in.Stacks)
+	for _, s := range in.Stacks {
+		line := fmt.Sprintf("rank %d: %s", s.Rank, s.Where)
+		if len(outside) == 1 && s.Rank == outside[0] {
+			c.Rank, c.Lines = s.Rank, append([]string{line}, c.Lines...)
+			continue
+		}
+		c.Lines = append(c.Lines, line)
+	}
+	return c
+}

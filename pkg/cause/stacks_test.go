@@ -10,6 +10,7 @@ import (
 
 	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
+	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 // TestParseStacks reads stacks trainer/heartbeat.py wrote (testdata:
@@ -48,6 +49,16 @@ Thread 0x7f3c7d5fe641 "raydrop-heartbeat" (most recent call last):
 	}
 	if got := cause.Outside([]cause.RankStack{read}); got != nil {
 		t.Fatalf("outside %v with no rank in a collective", got)
+	}
+
+	// A run failed as stalled names the rank the others waited for.
+	c := cause.Classify(cause.Input{Reason: runs.Stalled, Step: 3, Stacks: []cause.RankStack{s, read}})
+	if c.Kind != "Stalled" || c.Rank != 1 || c.Source != "stacks/" || len(c.Lines) != 2 || !strings.HasPrefix(c.Lines[0], "rank 1: wait (threading.py:331)") ||
+		!strings.Contains(c.Summary, "on rank 1, which waited outside the collective") {
+		t.Fatalf("cause %+v", c)
+	}
+	if c := cause.Classify(cause.Input{Reason: runs.Stalled}); c.Kind != "Stalled" || c.Rank != -1 || len(c.Lines) != 0 {
+		t.Fatalf("cause without stacks %+v", c)
 	}
 
 	dir := t.TempDir()

@@ -30,7 +30,7 @@ func Data(r *runs.Record, p runs.Phase, gpuHourUSD float64) Run {
 		d.Capacity = capacityOf(r, r.UpdatedAt)
 		d.Startup = startupOf(r)
 	}
-	if a := r.CurrentAttempt(); p == runs.Stalled && a != nil && a.Stall != nil {
+	if a := r.CurrentAttempt(); p == runs.StallSuspected && a != nil && a.Stall != nil {
 		s := a.Stall
 		d.Stall = &Stall{Step: s.Step, Since: s.Since, SuspectedAt: s.SuspectedAt, WindowSeconds: s.Window.Seconds(),
 			MedianStepSeconds: s.StepTime.Seconds(), Doing: s.Doing, Behind: s.Behind}

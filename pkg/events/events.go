@@ -37,7 +37,7 @@ var Phases = func() []string {
 			out = append(out, e)
 		}
 		if p == runs.Running {
-			out = append(out, runs.Stalled.Event())
+			out = append(out, runs.StallSuspected.Event())
 		}
 	}
 	return append(out, ReportReady)
@@ -47,7 +47,7 @@ var Phases = func() []string {
 // attempt stopped making progress, once per attempt (its ID names the
 // attempt: <run ID>/stalled_<n>). It goes out between running and the
 // terminal event, and names no phase: the run stays RUNNING.
-var Stalled = runs.Stalled.Event()
+var Stalled = runs.StallSuspected.Event()
 
 // Stall is a suspected stall, as the stalled event carries it.
 type Stall struct {

@@ -73,7 +73,9 @@ func (w objectWriter) Create(ctx context.Context, name string, data []byte, cont
 // the bucket, so that every delivery names the same cause. What cannot be
 // read is logged, and the cause is named from the rest.
 func (d *Deps) CauseInput(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark, evidenceURI string) cause.Input {
-	var in cause.Input
+	// The reason the run ends with (recorded when it entered FINISHING)
+	// says what to read: a stalled run's ranks' stacks.
+	in := cause.Input{Reason: rec.Reason, Message: rec.Message}
 	if mark != nil {
 		in.Mark = &cause.Mark{Status: mark.Status, Error: mark.Error}
 	}

@@ -27,7 +27,7 @@ func (d *Deps) NoteStall(ctx context.Context, runID string, attempt int, s runs.
 		if changed {
 			a.Stall = &s
 		}
-		claimed = claim(r, runs.Stalled, now)
+		claimed = claim(r, runs.StallSuspected, now)
 		if !claimed && !changed {
 			return runs.ErrNoChange
 		}
@@ -37,7 +37,7 @@ func (d *Deps) NoteStall(ctx context.Context, runID string, attempt int, s runs.
 		return nil, fmt.Errorf("note the stall of attempt %d: %w", attempt, err)
 	}
 	if claimed {
-		return d.PublishClaimed(ctx, rec, []runs.Phase{runs.Stalled}, now)
+		return d.PublishClaimed(ctx, rec, []runs.Phase{runs.StallSuspected}, now)
 	}
 	return rec, nil
 }

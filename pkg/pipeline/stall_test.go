@@ -31,7 +31,7 @@ func TestNoteStall(t *testing.T) {
 	if ids["r/stalled_1"] != 1 {
 		t.Fatalf("event IDs %v, want r/stalled_1 once", ids)
 	}
-	if a := w.Record("r").CurrentAttempt(); a.Stall == nil || a.Stall.Step != 3 || !w.Record("r").WasPublished(runs.Stalled) {
+	if a := w.Record("r").CurrentAttempt(); a.Stall == nil || a.Stall.Step != 3 || !w.Record("r").WasPublished(runs.StallSuspected) {
 		t.Fatalf("attempt %+v", a)
 	}
 
@@ -45,7 +45,7 @@ func TestNoteStall(t *testing.T) {
 	if _, err := w.Deps.NoteStall(w.Ctx, "r", 1, s); err != nil {
 		t.Fatal(err)
 	}
-	if w.Record("r").WasPublished(runs.Stalled) || w.Record("r").CurrentAttempt().Stall != nil {
+	if w.Record("r").WasPublished(runs.StallSuspected) || w.Record("r").CurrentAttempt().Stall != nil {
 		t.Fatal("attempt 1's stall reached attempt 2")
 	}
 	if _, err := w.Deps.Runs.Update(w.Ctx, "r", func(r *runs.Record) error {

@@ -62,9 +62,13 @@ func (s Start) Mark(r *runs.Record, now time.Time) error {
 		return err
 	}
 	if prev != nil && s.PrevCause != nil {
-		// Its training code failed: the retry is the cause's (RetryPolicy).
+		// Its training code failed (the retry is the cause's: RetryPolicy),
+		// or it stalled (limits.stallRestarts).
 		p := &r.Attempts[len(r.Attempts)-2]
 		p.Cause, p.Reason = s.PrevCause, runs.ApplicationError
+		if s.PrevCause.Kind == string(runs.Stalled) {
+			p.Reason = runs.Stalled
+		}
 	}
 	return nil
 }

@@ -103,16 +103,17 @@ func (p Phase) HasJob() bool { i, _ := p.info(); return i.job }
 // announces each phase once announces the report once too.
 const ReportReady Phase = "REPORT_READY"
 
-// Stalled is not a phase either: it names the announcement that the
-// current attempt is suspected stalled (dev.raydrop.run.v1.stalled), made
-// once per attempt: a new attempt forgets the last one's (ForgetStall).
-const Stalled Phase = "STALLED"
+// StallSuspected is not a phase either: it names the announcement that
+// the current attempt is suspected stalled (dev.raydrop.run.v1.stalled),
+// made once per attempt: a new attempt forgets the last one's
+// (MarkProvisioned).
+const StallSuspected Phase = "STALLED"
 
 // Event is the name of the phase's public event (the last part of its
 // CloudEvent type), or "" for a phase that has none; report_ready for
 // ReportReady.
 func (p Phase) Event() string {
-	if i, _ := p.info(); i.event || p == ReportReady || p == Stalled {
+	if i, _ := p.info(); i.event || p == ReportReady || p == StallSuspected {
 		return strings.ToLower(string(p))
 	}
 	return ""
@@ -324,8 +325,8 @@ func (r *Record) MarkProvisioned(next Attempt, why string, now time.Time) error 
 	r.Attempt = next.N
 	r.Attempts = append(r.Attempts, next)
 	// A stall is announced once per attempt, while it is the current one.
-	r.Published = slices.DeleteFunc(r.Published, func(p Phase) bool { return p == Stalled })
-	delete(r.Publishing, Stalled)
+	r.Published = slices.DeleteFunc(r.Published, func(p Phase) bool { return p == StallSuspected })
+	delete(r.Publishing, StallSuspected)
 	r.Reason, r.Message = "", ""
 	r.enter(Provisioned, now)
 	return nil

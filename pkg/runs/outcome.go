@@ -38,6 +38,7 @@ const (
 	InvalidModel          Reason = "InvalidModel"
 	DataCheckFailed       Reason = "DataCheckFailed"
 	EarlyStopped          Reason = "EarlyStopped"
+	Stalled               Reason = "Stalled"
 )
 
 var reasons = []struct {
@@ -59,6 +60,7 @@ var reasons = []struct {
 	{DataCheckFailed, "failed: the data check ended without a verdict (its RayJob failed or was lost), or did not end within limits.startDeadline"},
 	{EarlyStopped, "stopped: the sweep's early stopping rule stopped the trial (its held-out loss at a checkpoint trailed the median of the other trials' at the same checkpoint); its checkpoints are kept"},
 	{CheckpointsUnreadable, "failed: the pipeline cannot read what the job wrote (its completion mark or checkpoints): no permission on the bucket, or a malformed object"},
+	{Stalled, "failed: an attempt stopped making progress (no rank ended a step within its stall window, limits.stallAfter and stallFactor) more often than limits.stallRestarts allows; the ranks' stacks are in the evidence; on a retried attempt, why it was restarted"},
 }
 
 // Reasons returns every reason with what it means.

@@ -290,7 +290,7 @@ func (a *Attempt) Since() time.Time {
 func (r *Record) Lost() (retried, preempted int) {
 	for _, a := range r.Attempts {
 		switch {
-		case a.Outcome != OutcomeRetried:
+		case a.Outcome != OutcomeRetried, a.Reason == Stalled:
 		case a.Reason == Preempted:
 			preempted++
 		default:
@@ -298,6 +298,18 @@ func (r *Record) Lost() (retried, preempted int) {
 		}
 	}
 	return retried, preempted
+}
+
+// StallRestarts is how many attempts were restarted as stalled (against
+// limits.stallRestarts; Lost counts none of them).
+func (r *Record) StallRestarts() int {
+	n := 0
+	for _, a := range r.Attempts {
+		if a.Outcome == OutcomeRetried && a.Reason == Stalled {
+			n++
+		}
+	}
+	return n
 }
 
 // Cause is why a run ended other than succeeded, as pkg/cause names it

@@ -252,6 +252,7 @@ type Limits struct {
 	Preemptions   int      `json:"preemptions" spec:"min=0,max=100" doc:"Attempts that may be lost to preemption (a Spot VM reclaimed, a node shut down) before the run fails; each resumes from the newest checkpoint and none counts against retries."`
 	StallAfter    Duration `json:"stallAfter" spec:"min=10s,max=24h" doc:"A running attempt whose ranks have not ended a step (nor begun an evaluation or a save) for this long, counted from its first step, is suspected stalled; the window is the longer of this and stallFactor median steps. Keep it well under the process group's 30-minute collective timeout."`
 	StallFactor   float64  `json:"stallFactor" spec:"min=1,max=1000" doc:"How many median step times without progress make a stall, when that is longer than stallAfter."`
+	StallRestarts int      `json:"stallRestarts" spec:"min=0,max=10" doc:"How many times a stalled attempt is restarted from its latest checkpoint (once every rank's stacks are in the evidence) before the run fails with cause Stalled; these do not count against retries."`
 }
 
 // Defaults returns the spec of the reference workload, without the three
@@ -341,6 +342,7 @@ func Defaults() JobSpec {
 			Preemptions:   10,
 			StallAfter:    Duration(10 * minute),
 			StallFactor:   5,
+			StallRestarts: 1,
 		},
 	}
 }

@@ -222,3 +222,13 @@ def test_stacks_of_a_rank_stuck_in_a_real_all_reduce(tmp_path):
     main = text[text.index('"MainThread"'):]
     assert "in all_reduce" in main and "torch/distributed/distributed_c10d.py" in main, text
     assert 'Thread' in text and '"raydrop-heartbeat"' in text
+
+
+def test_the_collective_timeout_follows_the_stall_window():
+    import train
+
+    assert train.collective_timeout_s({"RAYDROP_STALL_AFTER_S": "600"}) == 600 + train.COLLECTIVE_MARGIN_S
+    assert train.collective_timeout_s({"RAYDROP_STALL_AFTER_S": "10"}) == 10 + train.COLLECTIVE_MARGIN_S
+    for env in ({}, {"RAYDROP_STALL_AFTER_S": ""}, {"RAYDROP_STALL_AFTER_S": "soon"}):
+        assert train.collective_timeout_s(env) == train.RAY_TRAIN_TIMEOUT_S
+    assert heartbeat.STALL_AFTER_ENV == "RAYDROP_STALL_AFTER_S"

@@ -304,40 +304,12 @@ func TestHeadLossRetriesAndResumes(t *testing.T) {
 	waitNoWorkers(t, "e2e-headloss")
 }
 
-// TestHangHitsDeadline: a run that loads for longer than its stall window
-// is not suspected; once it hangs after its first step, the monitor
-// suspects a stall within the window and says so at once (record, status,
-// one stalled event); the deadline then ends it.
 func TestHangHitsDeadline(t *testing.T) {
 	t.Parallel()
-	limits := map[string]any{"deadline": "1m", "startDeadline": "1m", "stallAfter": "10s"}
-	runID := upload(t, "hang", specFor(t, "e2e-hang", map[string]any{"limits": limits}), "outcome=hang,at=2,step=200ms,weights=15s")
-	var stall *runs.Stall
-	deadline := time.Now().Add(90 * time.Second)
-	for stall == nil && time.Now().Before(deadline) {
-		time.Sleep(500 * time.Millisecond)
-		if r, err := probe.Runs(st).Get(context.Background(), runID); err == nil && r.CurrentAttempt() != nil {
-			stall = r.CurrentAttempt().Stall
-		}
-	}
-	if stall == nil || stall.Step != 1 || stall.Window != 10*time.Second || stall.SuspectedAt.Sub(stall.Since) <= stall.Window || stall.ClearedAt != nil {
-		t.Fatalf("stall %+v, want one suspected after step 1 with a window of 10s", stall)
-	}
-	if code, out, _ := raydrop("status", runID); code != 0 || !strings.Contains(out, "stalled") || !strings.Contains(out, "no progress since step 1") {
-		t.Errorf("status: exit %d, no stall:\n%s", code, out)
-	}
+	runID := upload(t, "hang", specFor(t, "e2e-hang", map[string]any{"limits": map[string]any{"deadline": "1m", "startDeadline": "1m"}}), "outcome=hang,at=2,step=200ms")
 	r := waitPhase(t, runID, 150*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 	if r.Phase != runs.Failed || r.Reason != runs.DeadlineExceeded {
 		t.Fatalf("phase %s reason %s %q; want FAILED by the deadline", r.Phase, r.Reason, r.Message)
-	}
-	evs := eventsOf(t, runID)
-	if count(evs, "stalled") != 1 {
-		t.Errorf("%d stalled events, want 1: %+v", count(evs, "stalled"), evs)
-	}
-	for _, e := range evs {
-		if e.Phase == "stalled" && (e.ID != runID+"/stalled_1" || e.Stall == nil || e.Stall.Step != 1 || e.Attempt != 1 || !strings.Contains(e.Message, "no progress since step 1")) {
-			t.Errorf("stalled event %s: %+v", e.ID, e.Run)
-		}
 	}
 	if n := rayJobsOf(t, runID); n != 0 {
 		t.Errorf("%d RayJobs left after the deadline, want 0 (deleted)", n)
@@ -346,10 +318,6 @@ func TestHangHitsDeadline(t *testing.T) {
 	// with it the submitter): the hung job's output up to its last step.
 	checkEvidence(t, r, eventsOf(t, runID), "Tailing logs until the job exits")
 	checkCause(t, runID, eventsOf(t, runID), "DeadlineExceeded", "longer than limits.deadline")
-	// Asked when the stall was suspected, every rank wrote its stacks to
-	// the evidence: the hung rank waits on its data, the others in the
-	// all-reduce; diagnose says which rank the others waited for.
-	checkStacks(t, runID)
 	waitNoWorkers(t, "e2e-hang")
 }
 

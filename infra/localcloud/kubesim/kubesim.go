@@ -141,6 +141,9 @@ type Scenario struct {
 	// PreemptAs is how each attempt in PreemptAt loses its node: Preempt
 	// (the default: the save on notice ends), Reclaim or ReclaimInSave.
 	PreemptAs Outcome
+	// Hangs, for hang, is how many attempts hang before one succeeds (0:
+	// every attempt hangs).
+	Hangs int `json:"hangs,omitempty"`
 	// Rank is the rank that fails in cuda-oom, nccl-timeout, oom-killed
 	// and host-oom, or hangs in hang (nil: the last).
 	Rank *int `json:"rank,omitempty"`

@@ -73,6 +73,10 @@ func ParseScenario(text string) (Scenario, error) {
 			sc.Refuse, err = parseRefuse(v)
 		case "preempt":
 			sc.PreemptAt, err = parsePreempt(v)
+		case "hangs":
+			if sc.Hangs, err = strconv.Atoi(v); err == nil && sc.Hangs < 1 {
+				err = fmt.Errorf("hangs=%s: the attempts that hang are 1 or more", v)
+			}
 		case "preemptAs":
 			switch o := Outcome(v); o {
 			case Preempt, Reclaim, ReclaimInSave:
@@ -81,7 +85,7 @@ func ParseScenario(text string) (Scenario, error) {
 				err = fmt.Errorf("preemptAs=%s: allowed: preempt (the save on notice ends), reclaim (the node goes mid-step), reclaim-in-save (the node goes during the save)", v)
 			}
 		default:
-			err = fmt.Errorf("unknown key %q (allowed: outcome, at, rank, steps, step, pending, pull, env, weights, data, dropped, refuse, preempt, preemptAs)", k)
+			err = fmt.Errorf("unknown key %q (allowed: outcome, at, rank, steps, step, pending, pull, env, weights, data, dropped, refuse, preempt, preemptAs, hangs)", k)
 		}
 		if err != nil {
 			return sc, fmt.Errorf("scenario %q: %w", text, err)
@@ -114,9 +118,9 @@ func parseRefuse(v string) (map[string]time.Duration, error) {
 // ForAttempt is how attempt n of the run plays: a lost head is a one-off
 // accident, so the retry that follows runs clean; with preempt=3/7, attempt
 // n loses a node at the n-th step listed and the attempts after the list
-// succeed.
+// succeed; with hangs=N, the first N attempts hang and the next succeed.
 func (sc Scenario) ForAttempt(n int) Scenario {
-	if sc.Outcome == LoseHead && n != 1 {
+	if sc.Outcome == LoseHead && n != 1 || sc.Outcome == Hang && sc.Hangs > 0 && n > sc.Hangs {
 		sc.Outcome = Succeed
 	}
 	if at := sc.PreemptAt; len(at) > 0 {

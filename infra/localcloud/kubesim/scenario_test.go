@@ -32,6 +32,7 @@ func TestParseScenario(t *testing.T) {
 		"preempt=3,preemptAs=x": "allowed: preempt",
 		"outcome=explode":       "allowed: succeed, fail",
 		"rank=-1":               "a rank is 0 or more",
+		"outcome=hang,hangs=0":  "1 or more",
 	} {
 		if _, err := kubesim.ParseScenario(text); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", text, err, want)
@@ -43,6 +44,14 @@ func TestScenarioForAttempt(t *testing.T) {
 	lose, _ := kubesim.ParseScenario("outcome=lose-head,at=3")
 	if lose.ForAttempt(1).Outcome != kubesim.LoseHead || lose.ForAttempt(2).Outcome != kubesim.Succeed {
 		t.Errorf("a lost head is a one-off: attempt 1 %s, attempt 2 %s", lose.ForAttempt(1).Outcome, lose.ForAttempt(2).Outcome)
+	}
+	hang, _ := kubesim.ParseScenario("outcome=hang,at=3,hangs=1")
+	if hang.ForAttempt(1).Outcome != kubesim.Hang || hang.ForAttempt(2).Outcome != kubesim.Succeed {
+		t.Errorf("hangs=1: attempt 1 %s, attempt 2 %s", hang.ForAttempt(1).Outcome, hang.ForAttempt(2).Outcome)
+	}
+	always, _ := kubesim.ParseScenario("outcome=hang,at=3")
+	if always.ForAttempt(3).Outcome != kubesim.Hang {
+		t.Errorf("without hangs every attempt hangs: attempt 3 %s", always.ForAttempt(3).Outcome)
 	}
 	pre, _ := kubesim.ParseScenario("preempt=3/7,preemptAs=reclaim")
 	for n, want := range map[int]struct {

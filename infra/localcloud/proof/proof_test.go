@@ -383,6 +383,7 @@ var publishers = map[string][]string{
 	"rejected":  {"Provision", "Finalize"},
 	"succeeded": {"Finalize"},
 	"failed":    {"Finalize"},
+	"stalled":   {"Monitor"},
 	"cancelled": {"Finalize"},
 	// The report's event follows the terminal one, from the same delivery
 	// or a later one.

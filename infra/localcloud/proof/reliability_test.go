@@ -39,7 +39,67 @@ func testCrashes(t *testing.T) {
 				crashLane(t, fn)
 			})
 		}
+		t.Run("Monitor-stall", func(t *testing.T) {
+			t.Parallel()
+			stallCrashLane(t)
+		})
 	})
+}
+
+// stallWrites is how many of the monitor's writes after a stall's
+// detection the stall lane kills it after: the request for stacks, the
+// suspicion's record and its event's, then the action (the evidence, the
+// RayJob's deletion, the restart's record).
+const stallWrites = 10
+
+// stallCrashLane kills the monitor right after its k-th write from a
+// stall's detection on (the request for the ranks' stacks is the first),
+// for k = 1 … stallWrites, and restarts it: the hung attempt is still
+// restarted once, from its checkpoint, the run succeeds on its second
+// attempt, and the stall is announced once (a copy under the same
+// CloudEvent ID only where a kill cut its publisher short).
+func stallCrashLane(t *testing.T) {
+	scenario := "crash Monitor between a stall's detection and its restart"
+	cluster := "crash-stall"
+	report.Note(scenario, fmt.Sprintf("the first %d of the monitor's writes for the run from its request for the ranks' stacks on, one kill per run", stallWrites))
+	for k := 1; k <= stallWrites; k++ {
+		data := spec(t, cluster, map[string]any{"limits": map[string]any{"stallAfter": "10s"}})
+		runID := upload(t, fmt.Sprintf("crash-stall-%d", k), data, "outcome=hang,at=3,hangs=1,steps=2,step=200ms")
+		var armed, logSeen atomic.Bool
+		mine := func(r faults.Request) bool {
+			p, err := url.PathUnescape(r.Path)
+			if err != nil {
+				p = r.Path
+			}
+			if strings.Contains(p, runID) && strings.Contains(p, "stacks-request.json") {
+				armed.Store(true)
+			}
+			if !armed.Load() || !strings.Contains(p, runID) && !strings.Contains(p, cluster) {
+				return false
+			}
+			return !evidenceLog(r.Path) || !logSeen.Swap(true)
+		}
+		crashed, disarm := st.CrashAt("Monitor", k, mine, 300*time.Millisecond)
+		checkRun(t, scenario, runID, cluster, outcome{phase: runs.Succeeded, attempts: 2})
+		disarm()
+		seen := evs.Of(runID)
+		if n, notes := unexplainedCopies(seen, events.Stalled); probe.Count(seen, events.Stalled) == 0 || n > 0 {
+			t.Errorf("run %s: %d stalled events", runID, probe.Count(seen, events.Stalled))
+			report.Add(scenario, n, 0, fmt.Sprintf("run %s: %d stalled events", runID, probe.Count(seen, events.Stalled)))
+		} else {
+			noteAll(scenario, notes)
+		}
+		if rec, err := probe.Runs(st).Get(context.Background(), runID); err == nil && (rec.Attempt != 2 || rec.Attempts[0].Reason != runs.Stalled) {
+			t.Errorf("run %s: attempt %d, the first ended %s; want restarted as stalled once", runID, rec.Attempt, rec.Attempts[0].Reason)
+		}
+		select {
+		case c := <-crashed:
+			report.Note(scenario, fmt.Sprintf("killed after write %d from the detection: %s", k, c.After))
+		default:
+			report.Note(scenario, fmt.Sprintf("run %s made fewer than %d writes from the detection: every write point covered", runID, k))
+			return
+		}
+	}
 }
 
 func crashLane(t *testing.T, fn string) {
