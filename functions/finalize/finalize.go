@@ -19,7 +19,6 @@ import (
 	"github.com/raydrop/raydrop/pkg/checkpoints"
 	"github.com/raydrop/raydrop/pkg/gcp"
 	"github.com/raydrop/raydrop/pkg/manifests"
-	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/pipeline"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
@@ -62,10 +61,11 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 	// own event: until both events have gone out the run is listed as
 	// unannounced and comes back here, so a delivery that dies anywhere in
 	// between leaves nothing undone.
-	if err := h.release(ctx, rec); err != nil {
+	head, err := h.release(ctx, rec)
+	if err != nil {
 		return err
 	}
-	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published, evidenceURI)
+	rec, owed, held, claimedAt, err := h.conclude(ctx, rec, step.Published, evidenceURI, head)
 	if err != nil {
 		return err
 	}
@@ -105,7 +105,7 @@ func (h *Handler) Handle(ctx context.Context, e event.Event) error {
 // cluster is released. Results it cannot read (no permission on the
 // bucket, a malformed object) end the run FAILED all the same, so its
 // cluster is released.
-func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []runs.Phase, evidenceURI string) (_ *runs.Record, owed []runs.Phase, held bool, now time.Time, _ error) {
+func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []runs.Phase, evidenceURI, head string) (_ *runs.Record, owed []runs.Phase, held bool, now time.Time, _ error) {
 	var res *checkpoints.Result
 	var unreadable error
 	if rec.Phase == runs.Finishing {
@@ -131,6 +131,9 @@ func (h *Handler) conclude(ctx context.Context, rec *runs.Record, published []ru
 				return err
 			}
 			ended = true
+			if head != "" && r.Phase == runs.Failed && r.HeadKept == nil {
+				r.HeadKept = &runs.HeadKept{Pod: head, Until: now.Add(time.Duration(r.Spec.Debug.KeepFailedFor))}
+			}
 			if r.Phase != runs.Succeeded {
 				// Named from the run's final reason and what it left.
 				in := why
@@ -197,34 +200,4 @@ func merge(into, r *checkpoints.Result) {
 		into.Trial = r.Trial
 	}
 	into.Mark = r.Mark
-}
-
-// release gives the cluster up: the first queued run gets it, else the
-// workers go to zero. A cancelled run's RayJob is deleted first, in case it
-// was created after the cancellation was recorded.
-func (h *Handler) release(ctx context.Context, rec *runs.Record) error {
-	d := h.Deps
-	if rec.Cluster == "" {
-		return nil
-	}
-	if rec.Outcome == runs.OutcomeCancelled && rec.Attempt > 0 {
-		if err := d.DeleteRayJob(ctx, rec.Namespace, names.RayJob(rec.RunID, rec.Attempt)); err != nil {
-			return err
-		}
-	}
-	lease, err := d.PassOn(ctx, rec.Namespace, rec.Cluster, rec.RunID)
-	if err != nil {
-		return err
-	}
-	if lease.Holder != "" {
-		return nil // this run never held the cluster; its holder keeps the workers
-	}
-	changed, err := d.ScaleToZero(ctx, rec.Namespace, rec.Cluster)
-	if err != nil {
-		return err
-	}
-	if changed {
-		d.Log.Info("workers_scaled_to_zero", "run_id", rec.RunID, "cluster", rec.Namespace+"/"+rec.Cluster)
-	}
-	return nil
 }

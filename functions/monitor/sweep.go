@@ -41,11 +41,11 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	busy, known := map[string]bool{}, map[string]bool{}
+	busy, known, ended := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var todo []string
 	queued := map[string][]string{} // by cluster, namespace/name
 	for _, s := range sums {
-		known[s.RunID] = true
+		known[s.RunID], ended[s.RunID] = true, s.Phase.Terminal()
 		if !s.Phase.Terminal() { // an unknown phase counts as busy: it keeps its workers
 			busy[s.Cluster] = true
 		}
@@ -72,7 +72,7 @@ func (h *Handler) Sweep(ctx context.Context) error {
 	}
 	errs = append(errs, h.checkAll(ctx, todo, &listing{jobs: jobs, workers: workers, lost: lost})...)
 	errs = append(errs, h.advanceSweeps(ctx)...)
-	errs = append(errs, h.releaseOrphans(ctx, known, queued)...)
+	errs = append(errs, h.releaseOrphans(ctx, known, ended, queued)...)
 	scaled, err := h.scaleDownIdle(ctx, busy)
 	if err != nil {
 		errs = append(errs, err)
@@ -173,7 +173,10 @@ func (h *Handler) holderGone(lease *pipeline.Lease, holder *runs.Record, err err
 	case err != nil:
 		return false, err
 	}
-	return holder.Phase.Terminal(), nil
+	// A failed run that keeps its head for a look keeps its cluster until
+	// the sweep passes it on (releaseOrphans).
+	kept := holder.HeadKept != nil && holder.HeadKept.ReleasedAt == nil || holder.KeepsHead(h.Deps.Time())
+	return holder.Phase.Terminal() && !kept, nil
 }
 
 // readmit gives a queued (or stalled accepted) run the cluster when its

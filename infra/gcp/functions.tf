@@ -39,7 +39,7 @@ locals {
       kube = {
         configmaps  = ["create"]
         events      = ["list"]
-        pods        = ["list"]
+        pods        = ["delete", "list"]
         "pods/log"  = ["get"]
         rayclusters = ["create", "get", "list", "update"]
         rayjobs     = ["delete", "get", "list"]

@@ -339,6 +339,14 @@ func describe(w io.Writer, r *runs.Record) {
 	if line := stallLine(r); line != "" {
 		fmt.Fprintf(tw, "stalled\t%s\n", line)
 	}
+	if k := r.HeadKept; k != nil {
+		if k.ReleasedAt != nil {
+			fmt.Fprintf(tw, "head\t%s was kept for a look until %s, deleted at %s\n", k.Pod, k.Until.UTC().Format(time.DateTime), k.ReleasedAt.UTC().Format(time.DateTime))
+		} else {
+			fmt.Fprintf(tw, "head\tkept for a look until %s UTC: kubectl -n %s port-forward pod/%s 8265 serves its Ray dashboard; the cluster's next run waits until then\n",
+				k.Until.UTC().Format(time.DateTime), r.Namespace, k.Pod)
+		}
+	}
 	if line := imageText(r); line != "" {
 		fmt.Fprintf(tw, "image\t%s\n", line)
 	}

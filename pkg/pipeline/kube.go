@@ -245,3 +245,28 @@ func (d *Deps) DeleteRayJob(ctx context.Context, namespace, name string) error {
 	}
 	return kubeErr("delete rayjob "+namespace+"/"+name, err)
 }
+
+// HeadPod is the name of a RayCluster's live head pod (KubeRay labels it
+// ray.io/cluster=<name> and ray.io/node-type=head); "" when there is none.
+func (d *Deps) HeadPod(ctx context.Context, namespace, cluster string) (string, error) {
+	sel := labels.Set{names.LabelRayNodeType: string(rayv1.HeadNode), names.LabelRayCluster: cluster}
+	list, err := d.Kube.Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return "", kubeErr("list the head pod in "+namespace+" ("+sel.String()+")", err)
+	}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			return p.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// DeletePod deletes a pod; one already gone is no error.
+func (d *Deps) DeletePod(ctx context.Context, namespace, name string) error {
+	err := d.Kube.Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return kubeErr("delete pod "+namespace+"/"+name, err)
+}

@@ -60,6 +60,9 @@ type Record struct {
 	// Outcome is how the run ends, decided (with Reason) when it enters
 	// FINISHING, before finalize runs.
 	Outcome Outcome `json:"outcome,omitempty"`
+	// HeadKept is the Ray head pod of a failed run kept for a look
+	// (debug.keepFailedFor): the cluster is not passed on until then.
+	HeadKept *HeadKept `json:"headKept,omitempty"`
 
 	Result *checkpoints.Result `json:"result,omitempty"`
 	// Report is the gs:// URI of the run's report page, once written: after
@@ -396,4 +399,29 @@ type Model struct {
 	// the copy was complete when this run's attempt was submitted.
 	StagedBy string `json:"stagedBy"`
 	Staged   bool   `json:"staged"`
+}
+
+// HeadKept is a failed run's Ray head pod, kept for a look until Until;
+// ReleasedAt is when the monitor deleted it and passed the cluster on.
+type HeadKept struct {
+	Pod        string     `json:"pod"`
+	Until      time.Time  `json:"until"`
+	ReleasedAt *time.Time `json:"releasedAt,omitempty"`
+}
+
+// KeepsHead reports whether the run keeps its head pod (and its cluster)
+// for a look at now: a failed run whose spec asks for it (debug.
+// keepFailedFor), until its time is up. A run still ending (FINISHING) to
+// fail keeps it from its end on.
+func (r *Record) KeepsHead(now time.Time) bool {
+	if r.Spec == nil || r.Spec.Debug.KeepFailedFor <= 0 || r.Cluster == "" || r.Attempt < 1 {
+		return false
+	}
+	if h := r.HeadKept; h != nil {
+		return h.ReleasedAt == nil && now.Before(h.Until)
+	}
+	if t, ok := r.Times[Failed]; ok && r.Phase == Failed {
+		return now.Before(t.Add(time.Duration(r.Spec.Debug.KeepFailedFor)))
+	}
+	return r.Phase == Finishing && r.Outcome == OutcomeFailed
 }

@@ -44,6 +44,7 @@ type JobSpec struct {
 	Cluster  Cluster  `json:"cluster" doc:"The KubeRay RayCluster the job runs on."`
 	Output   Output   `json:"output" doc:"Where checkpoints are written."`
 	Limits   Limits   `json:"limits" doc:"Deadlines and retries."`
+	Debug    Debug    `json:"debug" doc:"What raydrop keeps of a failed run for a person to look at."`
 	Sweep    Sweep    `json:"sweep,omitzero" doc:"A search over the spec's fields: one trial run per combination (grid) or draw (random), ranked by held-out loss, with optional early stopping. Left out: one run."`
 }
 
@@ -253,6 +254,11 @@ type Limits struct {
 	StallAfter    Duration `json:"stallAfter" spec:"min=10s,max=24h" doc:"A running attempt whose ranks have not ended a step (nor begun an evaluation or a save) for this long, counted from its first step, is suspected stalled; the window is the longer of this and stallFactor median steps. Keep it well under the process group's 30-minute collective timeout."`
 	StallFactor   float64  `json:"stallFactor" spec:"min=1,max=1000" doc:"How many median step times without progress make a stall, when that is longer than stallAfter."`
 	StallRestarts int      `json:"stallRestarts" spec:"min=0,max=10" doc:"How many times a stalled attempt is restarted from its latest checkpoint (once every rank's stacks are in the evidence) before the run fails with cause Stalled; these do not count against retries."`
+}
+
+// Debug is what raydrop keeps of a failed run for a look.
+type Debug struct {
+	KeepFailedFor Duration `json:"keepFailedFor" spec:"min=0s,max=24h" doc:"Keep the Ray head pod of a run that failed for this long (never the GPU workers, which go to zero as always), so that its Ray dashboard and session logs can be looked at; the cluster's next run waits meanwhile, then the head pod is deleted (KubeRay starts a fresh one) and the cluster passes on. raydrop status says until when. 0: not kept."`
 }
 
 // Defaults returns the spec of the reference workload, without the three

@@ -120,11 +120,13 @@ var Functions = []Function{
 		Publishes: []string{TopicProvisioned, TopicFinished, TopicEvents},
 		// Watches its jobs, cancels (deletes) them, starts retries, and
 		// the sweep lists jobs and clusters and scales idle ones to zero;
-		// before it deletes a job or retries, it keeps the evidence.
+		// before it deletes a job or retries, it keeps the evidence. It
+		// deletes the head pod a failed run kept for a look, once its
+		// time is up.
 		Kube: map[string][]string{
 			ResourceConfigMaps:  {"create"},
 			ResourceEvents:      {"list"},
-			ResourcePods:        {"list"},
+			ResourcePods:        {"delete", "list"},
 			ResourcePodLogs:     {"get"},
 			ResourceRayClusters: {"create", "get", "list", "update"},
 			ResourceRayJobs:     {"delete", "get", "list"},

@@ -215,8 +215,11 @@ def test_stacks_of_a_rank_stuck_in_a_real_all_reduce(tmp_path):
     out = str(tmp_path / "evidence")
     procs = [subprocess.Popen([sys.executable, "-c", STUCK_CHILD, TRAINER_DIR, str(r), init, out],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
-    for p in procs:
-        p.wait(timeout=120)
+    try:
+        procs[0].wait(timeout=120)  # it exits once its stacks are written
+    finally:
+        procs[1].kill()  # the rank that never joins
+        procs[1].wait(timeout=30)
     with open(os.path.join(out, heartbeat.STACKS_DIR, "rank-00000.txt"), encoding="utf-8") as f:
         text = f.read()
     main = text[text.index('"MainThread"'):]
