@@ -3,6 +3,7 @@ package monitor
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
@@ -93,11 +94,20 @@ func earlier(r *runs.Record, kind cause.Kind, same func(*runs.Cause) bool) int {
 	return 0
 }
 
+// evidenceWait is how long a check whose capture of the evidence failed
+// waits for another delivery's before it names the cause.
+const evidenceWait = 10 * time.Second
+
 // causeOf names the cause of the current attempt, whose trainer wrote a
 // failed mark: the evidence is kept first (the capture is done once; the
 // teardown that follows finds it), then read back and classified.
 func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark) *runs.Cause {
 	uri := h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
+	if uri == "" {
+		// Never named from the mark alone when there may be more to read:
+		// that could call a failure a retry would pass final.
+		uri = h.Deps.AwaitEvidence(ctx, rec, rec.Attempt, evidenceWait)
+	}
 	c := cause.Classify(h.Deps.CauseInput(ctx, rec, mark, uri))
 	h.Deps.Log.Info("attempt_cause", "run_id", rec.RunID, "attempt", rec.Attempt, "cause", c.Kind, "summary", c.Summary)
 	return &c

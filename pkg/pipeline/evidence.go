@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/raydrop/raydrop/pkg/cause"
 	"github.com/raydrop/raydrop/pkg/checkpoints"
@@ -50,6 +51,33 @@ func (d *Deps) KeepEvidence(ctx context.Context, rec *runs.Record, attempt int) 
 	level(what, "run_id", rec.RunID, "attempt", attempt, "uri", folder, "files", len(m.Files), "missing", len(m.Missing),
 		"seconds", m.FinishedAt.Sub(m.StartedAt).Seconds())
 	return folder
+}
+
+// AwaitEvidence is the attempt's evidence folder to read a cause from
+// when KeepEvidence kept none: two deliveries of one failure (the mark's
+// notice and a tick) capture at once, and the one that loses the race for
+// an object fails while the other writes the rest. It waits up to within
+// for the other's manifest; the folder is returned either way, so that
+// what is there (the Ray logs the pods' sidecars copied, whatever the
+// capture wrote) is read rather than the trainer's mark alone. "" for a
+// run that has no folder.
+func (d *Deps) AwaitEvidence(ctx context.Context, rec *runs.Record, attempt int, within time.Duration) string {
+	if rec.Spec == nil || attempt == 0 || rec.Cluster == "" {
+		return ""
+	}
+	bucket, runFolder := manifests.Storage(rec.Spec, rec.RunID)
+	manifest := evidence.AttemptFolder(runFolder, attempt) + "/" + evidence.ManifestFile
+	for deadline := time.Now().Add(within); ; {
+		if _, _, err := d.Objects.Read(ctx, bucket, manifest, 4<<20); err == nil || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return evidence.URI(bucket, runFolder)
+		case <-time.After(time.Second):
+		}
+	}
+	return evidence.URI(bucket, runFolder)
 }
 
 // objectWriter creates the evidence's objects in an attempt's folder.

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,5 +66,27 @@ func TestNoteStall(t *testing.T) {
 	}
 	if ids["r/stalled_1"] != 1 || ids["r/stalled_2"] != 1 {
 		t.Fatalf("event IDs %v, want one stalled event per attempt", ids)
+	}
+}
+
+// TestAwaitEvidence: a check whose own capture failed reads the folder
+// another delivery is keeping, once its manifest is there, and the folder
+// all the same when it never comes.
+func TestAwaitEvidence(t *testing.T) {
+	w := pipelinetest.New(t)
+	rec := w.NewRun("r", w.Spec(nil), runs.Running, runs.Ending{})
+	start := time.Now()
+	uri := w.Deps.AwaitEvidence(w.Ctx, rec, 1, 1500*time.Millisecond)
+	if waited := time.Since(start); !strings.HasSuffix(uri, "/r/evidence/") || waited < 1500*time.Millisecond {
+		t.Fatalf("no manifest: %q after %s, want the folder after the wait", uri, waited)
+	}
+	bucket, folder, _ := strings.Cut(strings.TrimPrefix(uri, "gs://"), "/")
+	w.Write(bucket, folder+"attempt-1/manifest.json", "{}")
+	start = time.Now()
+	if got := w.Deps.AwaitEvidence(w.Ctx, rec, 1, time.Minute); got != uri || time.Since(start) > 5*time.Second {
+		t.Fatalf("with the manifest: %q after %s", got, time.Since(start))
+	}
+	if got := w.Deps.AwaitEvidence(w.Ctx, rec, 0, time.Minute); got != "" {
+		t.Fatalf("no attempt: %q", got)
 	}
 }
