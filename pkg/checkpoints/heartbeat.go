@@ -154,15 +154,20 @@ func PulseOf(beats []Beat) (p Pulse, ok bool) {
 			p.Behind = append(p.Behind, b.Rank)
 		}
 	}
-	if n := len(medians); n > 0 {
-		slices.Sort(medians)
-		m := medians[n/2]
-		if n%2 == 0 {
-			m = (medians[n/2-1] + medians[n/2]) / 2
-		}
-		p.StepTime = time.Duration(m * float64(time.Second))
+	if len(medians) > 0 {
+		p.StepTime = time.Duration(Median(medians) * float64(time.Second))
 	}
 	return p, true
+}
+
+// Median is the median of xs (not empty), which it leaves unchanged.
+func Median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[n/2]
 }
 
 // unixTime is a Unix-seconds time (zero for nil, NaN or not positive).

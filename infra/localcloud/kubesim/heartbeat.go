@@ -3,7 +3,6 @@ package kubesim
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"sync"
 	"time"
 
@@ -78,12 +77,7 @@ func (h *heart) step(step int) {
 	h.beat.Step, h.beat.StepAt = int64(step), &at
 	h.beat.Activity, h.beat.ActivityAt = "training", &at
 	if n := len(h.took); n > 0 {
-		s := slices.Clone(h.took[max(0, n-50):])
-		slices.Sort(s)
-		m := s[len(s)/2]
-		if len(s)%2 == 0 {
-			m = (s[len(s)/2-1] + s[len(s)/2]) / 2
-		}
+		m := checkpoints.Median(h.took[max(0, n-50):])
 		h.beat.StepSeconds = &m
 	}
 }
