@@ -78,7 +78,8 @@ var Topics = wiring.DefaultTopics()
 var TrainerImage = "localhost/raydrop/trainer@" + trainer.ImageDigest()
 
 // HubModels are the model repositories the local Hugging Face Hub holds,
-// each a stand-in snapshot (hub.Snapshot).
+// each a stand-in snapshot (hub.Snapshot); it holds the tutorial's
+// dataset too, a small copy of its shape (hub.TutorialDataset).
 var HubModels = []string{"google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it"}
 
 // ModelStagingPrefix is where, in the first output bucket, the local cloud
@@ -244,14 +245,14 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		}
 	}
 
-	repos := map[string]map[string][]byte{}
+	repos := hub.Repos{Models: map[string]map[string][]byte{}, Datasets: map[string]map[string][]byte{hub.TutorialDatasetID: hub.TutorialDataset()}}
 	for _, id := range HubModels {
-		repos[id] = hub.Snapshot(id, 256<<10)
+		repos.Models[id] = hub.Snapshot(id, 256<<10)
 	}
 	if s.Hub, err = hub.Start(repos); err != nil {
 		return nil, err
 	}
-	s.step("serving the models %s at a local Hugging Face Hub, %s", strings.Join(HubModels, ", "), s.Hub.URL())
+	s.step("serving the models %s and the dataset %s at a local Hugging Face Hub, %s", strings.Join(HubModels, ", "), hub.TutorialDatasetID, s.Hub.URL())
 
 	s.step("starting kube-apiserver + etcd with KubeRay's reconcilers (about 15 s)")
 	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Log: o.Log.With("part", "kubesim")}); err != nil {
