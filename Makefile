@@ -42,12 +42,12 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: run
-run: tools ## The example job end to end on the local cloud (no account needed)
-	cd infra/localcloud && $(GO) run ./cmd/localcloud run --repo ../..
+run: tools trainer-venv ## The example job end to end on the local cloud (no account needed)
+	cd infra/localcloud && RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) run ./cmd/localcloud run --repo ../..
 
 .PHONY: dev
-dev: tools ## Start the local cloud and keep it up (prints the variables that point clients at it)
-	cd infra/localcloud && $(GO) run ./cmd/localcloud dev --repo ../..
+dev: tools trainer-venv ## Start the local cloud and keep it up (prints the variables that point clients at it)
+	cd infra/localcloud && RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) run ./cmd/localcloud dev --repo ../..
 
 ##@ Development
 
@@ -87,9 +87,9 @@ localcloud-test: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests a
 		wait $$proof || status=1; echo "localcloud-test: the proof suite (.build/proof.log):"; cat .build/proof.log; exit $$status
 
 .PHONY: proof
-proof: tools ## The reliability and security suite on its own local cloud; prints a report per scenario (also .build/proof-report.json)
+proof: tools trainer-venv ## The reliability and security suite on its own local cloud; prints a report per scenario (also .build/proof-report.json)
 	mkdir -p .build && rm -f .build/proof-report.*
-	cd infra/localcloud && status=0 && RAYDROP_PROOF_REPORT=$(CURDIR)/.build/proof-report.json $(GO) test -count=1 -timeout 25m ./proof || status=$$?; \
+	cd infra/localcloud && status=0 && RAYDROP_PROOF_REPORT=$(CURDIR)/.build/proof-report.json RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) test -count=1 -timeout 25m ./proof || status=$$?; \
 		cat $(CURDIR)/.build/proof-report.txt 2>/dev/null || true; exit $$status
 
 .PHONY: trainer-contract

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import result
 from cli import DEFAULTS
 
 IGNORE_INDEX = -100
@@ -170,7 +171,7 @@ def _filesystem(path: str):
     import pyarrow.fs
 
     if "://" in path:
-        return pyarrow.fs.FileSystem.from_uri(path)
+        return result.emulated_gcs(path) or pyarrow.fs.FileSystem.from_uri(path)
     return pyarrow.fs.LocalFileSystem(), os.path.abspath(path)
 
 
@@ -209,7 +210,7 @@ def load_rows(source: str, split: str, fmt: Format = TUTORIAL, revision: str = "
     import datasets
 
     if is_hub_id(source):
-        ds = datasets.load_dataset(source, split=split, revision=revision or None)
+        ds = _load_hub(source, split, revision)
         where = f"dataset {source!r} split {split!r}"
     elif not is_gs(source) and os.path.isdir(source) and any(
             os.path.exists(os.path.join(source, f)) for f in ("dataset_info.json", "dataset_dict.json")):
@@ -241,6 +242,22 @@ def load_rows(source: str, split: str, fmt: Format = TUTORIAL, revision: str = "
         raise DataError(f"{where} lacks column(s) {missing} that dataset.{_format_field(fmt)} names{said}; "
                         f"it has {[c for c in ds.column_names if c != '_source']}")
     return ds
+
+
+def _load_hub(source: str, split: str, revision: str):
+    """A Hub dataset's split; DataError when the Hub says the dataset, its revision or
+    the split is not there, or that the token may not read it."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return datasets.load_dataset(source, split=split, revision=revision or None)
+    except DatasetNotFoundError as exc:
+        raise DataError(f"{exc} (dataset.id {source!r}, dataset.revision {revision or 'the default branch'!r})") from None
+    except ValueError as exc:
+        if "Unknown split" not in str(exc):
+            raise
+        raise DataError(f"dataset {source!r} has no split {split!r} (dataset.split): {exc}") from None
 
 
 def _format_field(fmt: Format) -> str:

@@ -186,13 +186,31 @@ def resolve_revision(source: str, revision: str) -> str:
     """The commit a Hub dataset's revision (a branch, a tag, or none: the
     default branch) points at now, so that training reads exactly the data
     checked; the revision as given where the Hub cannot be asked (offline,
-    or a source that is not on the Hub)."""
+    or a source that is not on the Hub). DataError when the Hub says the
+    dataset or the revision does not exist, or that the deployment's token
+    may not read its files (a gated dataset): datasets would otherwise load
+    a copy it has cached under the same name, whatever the revision."""
     if not data.is_hub_id(source):
         return revision
-    try:
-        from huggingface_hub import HfApi
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
-        return HfApi().dataset_info(source, revision=revision or None).sha or revision
+    api = HfApi()
+    try:
+        sha = api.dataset_info(source, revision=revision or None).sha or revision
+        api.auth_check(source, repo_type="dataset")
+        return sha
+    except RevisionNotFoundError:
+        raise data.DataError(f"dataset {source!r} has no revision {revision!r} on the Hub (dataset.revision: a branch, "
+                             f"a tag or a commit of it)") from None
+    except GatedRepoError as exc:
+        token = "is not set (HF_TOKEN)" if exc.response is not None and exc.response.status_code == 401 else \
+            "belongs to an account that has not been granted access"
+        raise data.DataError(f"dataset {source!r} is gated on the Hub and the deployment's Hub token {token}: accept "
+                             f"its terms at https://huggingface.co/datasets/{source} with the token's account") from None
+    except RepositoryNotFoundError:
+        raise data.DataError(f"dataset {source!r} does not exist on the Hub, or it is private and the deployment's Hub "
+                             f"token cannot read it (dataset.id)") from None
     except Exception as exc:  # noqa: BLE001 - loading the data says what is wrong, if anything
         print(f"raydrop: cannot resolve {source}@{revision or 'default'} to a commit: {result.error_text(exc)}",
               flush=True)

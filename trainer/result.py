@@ -48,8 +48,31 @@ def normalize_storage_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+# The Cloud Storage emulator's address (host:port, or a URL), the variable Google's
+# own Cloud Storage clients read; never set on GKE.
+STORAGE_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def emulated_gcs(uri: str) -> Optional[Tuple[Any, str]]:
+    """(pyarrow filesystem, path within it) for a gs:// URI while STORAGE_EMULATOR_HOST
+    names a Cloud Storage emulator (the local cloud's), else None. pyarrow's GCS
+    client does not read that variable itself: without this it would ask Google's
+    metadata server for credentials and reach for storage.googleapis.com."""
+    host = os.environ.get(STORAGE_EMULATOR_ENV, "")
+    if not host or not uri.startswith("gs://"):
+        return None
+    import pyarrow.fs
+
+    scheme, _, address = host.rpartition("://")
+    fs = pyarrow.fs.GcsFileSystem(anonymous=True, scheme=scheme or "http", endpoint_override=address.rstrip("/"))
+    return fs, uri[len("gs://"):].rstrip("/")
+
+
 def filesystem(storage_path: str) -> Tuple[Any, str]:
     """(pyarrow filesystem, path within it), resolved the way Ray Train resolves storage_path."""
+    emulated = emulated_gcs(storage_path)
+    if emulated:
+        return emulated
     try:
         from ray.train._internal.storage import get_fs_and_path
 
@@ -235,7 +258,7 @@ def announce(notice: str, mark: str) -> None:
 
     data = (json.dumps({"mark": mark}, sort_keys=True) + "\n").encode("utf-8")
     if is_uri(notice):
-        fs, path = pyarrow.fs.FileSystem.from_uri(notice)
+        fs, path = emulated_gcs(notice) or pyarrow.fs.FileSystem.from_uri(notice)
     else:
         fs, path = pyarrow.fs.LocalFileSystem(), os.path.abspath(notice)
         fs.create_dir(os.path.dirname(path), recursive=True)

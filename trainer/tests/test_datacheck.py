@@ -149,6 +149,7 @@ def test_a_hub_revision_is_resolved_to_the_commit_read(monkeypatch):
     asked = []
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
                         lambda self, repo, revision=None: asked.append((repo, revision)) or Info())
+    monkeypatch.setattr(huggingface_hub.HfApi, "auth_check", lambda self, repo, repo_type=None: None)
     assert datacheck.resolve_revision("my-org/receipts", "main") == Info.sha
     assert datacheck.resolve_revision("my-org/receipts", "") == Info.sha
     assert asked == [("my-org/receipts", "main"), ("my-org/receipts", None)]
@@ -156,6 +157,34 @@ def test_a_hub_revision_is_resolved_to_the_commit_read(monkeypatch):
     assert datacheck.resolve_revision("/no/such/folder-but-absolute", "v1") in ("v1",)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda self, repo, revision=None: 1 / 0)
     assert datacheck.resolve_revision("my-org/receipts", "v2") == "v2"
+
+
+def test_what_the_hub_refuses_is_the_datas_fault(monkeypatch):
+    """A revision or dataset the Hub does not have, or a gated one the token may not read,
+    is InvalidData with what to change: datasets would otherwise fall back to a copy it
+    cached under the same name, whatever the revision. (The local cloud's end-to-end suite
+    checks the same against its Hub.)"""
+    import huggingface_hub
+    import requests
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    def answer(status):
+        r = requests.Response()
+        r.status_code = status
+        return r
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "auth_check", lambda self, repo, repo_type=None: None)
+    for exc, said in (
+        (RevisionNotFoundError("Invalid rev id: v9", response=answer(404)), "has no revision 'v9' on the Hub"),
+        (RepositoryNotFoundError("nope", response=answer(404)), "does not exist on the Hub, or it is private"),
+        (GatedRepoError("gated", response=answer(401)), "is gated on the Hub and the deployment's Hub token is not set"),
+        (GatedRepoError("gated", response=answer(403)), "has not been granted access"),
+    ):
+        def refuse(self, repo, revision=None, exc=exc):
+            raise exc
+        monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", refuse)
+        with pytest.raises(data.DataError, match=said):
+            datacheck.resolve_revision("my-org/receipts", "v9")
 
 
 def test_the_check_stages_the_model_first(tmp_path, assets, processor, monkeypatch):

@@ -8,7 +8,9 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/raydrop/raydrop/infra/localcloud/hub"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -70,6 +73,36 @@ func putData(t *testing.T, folder string, n int, edit func(i int, row map[string
 	}
 }
 
+// putObject writes one object into the local data bucket.
+func putObject(t *testing.T, name string, data []byte) {
+	t.Helper()
+	w := st.GCS.Bucket(stack.DataBucket).Object(name).NewWriter(context.Background())
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wrongParquet is a Parquet file, written by pyarrow, whose image column
+// holds numbers.
+func wrongParquet(t *testing.T) []byte {
+	t.Helper()
+	python, err := stack.TrainerPython()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(python, "-c", `import io, sys, pyarrow as pa, pyarrow.parquet as pq
+b = io.BytesIO()
+pq.write_table(pa.table({"question": ["What colour is the square?"] * 3, "answer": ["Red."] * 3, "image": [1, 2, 3]}), b)
+sys.stdout.buffer.write(b.getvalue())`).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // checkedSpec is the example on its own cluster, reading folder of the data
 // bucket with the data check on.
 func checkedSpec(t *testing.T, cluster, folder string, template map[string]any, training map[string]any) []byte {
@@ -107,7 +140,7 @@ func workerPods(t *testing.T, cluster string) []corev1.Pod {
 }
 
 // TestDataCheckPassesThenTrains: a good dataset in the data bucket passes
-// the check (played by the stand-in over the real objects), with no worker
+// the real check (trainer/datacheck.py over the real objects), with no worker
 // pod while it runs; then the workers come up and the run succeeds, its
 // events carrying the check's figures. The check's driver staged the base
 // model (one no other test trains) on the head, before any worker: the
@@ -151,9 +184,16 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 	if m := r.Model; m == nil || m.Repo != model || m.Commit != st.Hub.CommitOf(model) || !m.Staged || m.StagedBy != runID {
 		t.Errorf("record's model %+v; want %s staged by the run's data check", m, model)
 	}
-	for f, n := range st.Hub.Downloads(model) {
-		if n != 1 {
-			t.Errorf("the Hub served %s %d times, want once", f, n)
+	// The staging copied each file once; the check itself read the config
+	// and the processor's files once more, and never the weights.
+	got := st.Hub.Downloads(model)
+	for f := range hub.Snapshot(model, 0) {
+		want := 1
+		if f != "model.safetensors" && f != "generation_config.json" {
+			want = 2
+		}
+		if got[f] != want {
+			t.Errorf("the Hub served %s %d times, want %d", f, got[f], want)
 		}
 	}
 	staged := 0
@@ -177,6 +217,37 @@ func TestDataCheckPassesThenTrains(t *testing.T) {
 		t.Errorf("KubeRay recorded no worker pod for the run that trained: %v", err)
 	}
 	waitNoWorkers(t, "e2e-checked")
+}
+
+// TestHubDatasetPassesTheCheck: the example's own dataset, the tutorial's
+// from the local Hub, passes the real check at the commit main points at,
+// and the run trains from that commit.
+func TestHubDatasetPassesTheCheck(t *testing.T) {
+	t.Parallel()
+	runID := upload(t, "hub-checked", specFor(t, "e2e-hub-checked", map[string]any{"dataset": map[string]any{"check": true}}), "steps=1,step=100ms")
+	r := waitPhase(t, runID, 120*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
+	if r.Phase != runs.Succeeded {
+		t.Fatalf("run ended %s %s: %s", r.Phase, r.Reason, r.Message)
+	}
+	c := r.Check
+	if c == nil || c.Result == nil || !c.Result.OK || c.Result.Rows.Total != 48 || c.Result.Images.Total != 48 || c.Result.Dataset == nil {
+		t.Fatalf("record's data check %+v", c)
+	}
+	if d := c.Result.Dataset; d.Source != hub.TutorialDatasetID || d.ResolvedRevision != st.Hub.DatasetCommit(hub.TutorialDatasetID) {
+		t.Errorf("the check read %+v; want %s at %s", d, hub.TutorialDatasetID, st.Hub.DatasetCommit(hub.TutorialDatasetID))
+	}
+	trained := 0
+	for _, j := range st.Sim.Played() {
+		if j.RayJob == "default/"+names.RayJob(runID, 1) {
+			trained++
+			if j.Args["dataset-revision"] != st.Hub.DatasetCommit(hub.TutorialDatasetID) {
+				t.Errorf("the training attempt reads revision %q; want the commit the check read", j.Args["dataset-revision"])
+			}
+		}
+	}
+	if trained != 1 {
+		t.Errorf("%d training attempts played, want 1", trained)
+	}
 }
 
 // TestBadDataFailsBeforeAnyWorker: each class of bad data ends the run
@@ -209,14 +280,30 @@ func TestBadDataFailsBeforeAnyWorker(t *testing.T) {
 		{"empty split", func(f string) {
 			putData(t, f, 3, func(int, map[string]any) map[string]any { return nil }, nil)
 		}, nil, []string{"/metadata.jsonl has no rows"}},
+		{"parquet with a wrong schema", func(f string) { putObject(t, f+"/train.parquet", wrongParquet(t)) }, nil,
+			[]string{"/train.parquet row 0 column 'image'"}},
+		{"hub revision that does not exist", nil, map[string]any{"revision": "v9"},
+			[]string{"dataset '" + hub.TutorialDatasetID + "' has no revision 'v9' on the Hub"}},
+		{"gated dataset without a token", nil, map[string]any{"id": stack.GatedDataset},
+			[]string{"dataset '" + stack.GatedDataset + "' is gated on the Hub and the deployment's Hub token is not set (HF_TOKEN)"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			slug := strings.ToLower(strings.ReplaceAll(c.name, " ", "-"))
 			cluster := "e2e-bad-" + slug[:min(len(slug), 20)]
 			cluster = strings.TrimSuffix(cluster, "-")
-			c.data("bad-" + slug)
-			runID := upload(t, "bad-"+slug, checkedSpec(t, cluster, "bad-"+slug, c.template, nil), "pending=1s")
+			sp := checkedSpec(t, cluster, "bad-"+slug, c.template, nil)
+			if c.data != nil {
+				c.data("bad-" + slug)
+			} else { // a Hub dataset: c.template holds the spec's dataset fields
+				sp = specFor(t, cluster, map[string]any{"dataset": maps.Collect(func(yield func(string, any) bool) {
+					yield("check", true)
+					for k, v := range c.template {
+						yield(k, v)
+					}
+				})})
+			}
+			runID := upload(t, "bad-"+slug, sp, "pending=1s")
 			r := waitPhase(t, runID, 90*time.Second, runs.Succeeded, runs.Failed, runs.Cancelled)
 			if r.Phase != runs.Failed || r.Reason != runs.InvalidData || len(r.Attempts) != 0 {
 				t.Fatalf("phase %s reason %s attempts %d: %s", r.Phase, r.Reason, len(r.Attempts), r.Message)

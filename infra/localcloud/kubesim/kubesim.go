@@ -52,8 +52,17 @@ type Options struct {
 	// with DefaultScenario. It is called once per submission.
 	Scenario func(ctx context.Context, job *rayv1.RayJob) Scenario
 	// Hub is the Hugging Face Hub's endpoint the trainer stand-in stages
-	// base models from (the local cloud's, package hub).
+	// base models from and the data check reads models and datasets from
+	// (the local cloud's, package hub).
 	Hub string
+	// StorageHost is the Cloud Storage emulator's host:port that Storage
+	// talks to, which the data check's Python reads as
+	// STORAGE_EMULATOR_HOST.
+	StorageHost string
+	// Python is the trainer's Python (its virtualenv's), which runs the
+	// data check (trainer/datacheck.py) for real. Empty: every data check
+	// fails, saying so.
+	Python string
 	// Log receives the simulator's records; KubeRay's and
 	// controller-runtime's go to it too, info as Debug and errors as Warn.
 	// Nil discards everything.

@@ -202,7 +202,7 @@ func (p *play) run(ctx context.Context) {
 	}
 
 	if args.check {
-		p.check(ctx, rj, args)
+		p.check(ctx, rj, cluster)
 		return
 	}
 	t := &trainer{p: p, a: args, sc: sc, st: newStore(s.o.Storage, s.o.Project), cluster: cluster, ns: rj.Namespace}

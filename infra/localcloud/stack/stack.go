@@ -82,6 +82,11 @@ var TrainerImage = "localhost/raydrop/trainer@" + trainer.ImageDigest()
 // dataset too, a small copy of its shape (hub.TutorialDataset).
 var HubModels = []string{"google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it"}
 
+// GatedDataset is a gated dataset of the local Hub: a copy of the tutorial's
+// whose files it serves to no token the local cloud has, as the Hub serves
+// a gated dataset whose terms the deployment's account has not accepted.
+const GatedDataset = "raydrop/gated-product-descriptions"
+
 // ModelStagingPrefix is where, in the first output bucket, the local cloud
 // stages base models (RAYDROP_MODEL_STAGING).
 const ModelStagingPrefix = "models"
@@ -245,7 +250,9 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 		}
 	}
 
-	repos := hub.Repos{Models: map[string]map[string][]byte{}, Datasets: map[string]map[string][]byte{hub.TutorialDatasetID: hub.TutorialDataset()}}
+	repos := hub.Repos{Models: map[string]map[string][]byte{},
+		Datasets: map[string]map[string][]byte{hub.TutorialDatasetID: hub.TutorialDataset(), GatedDataset: hub.TutorialDataset()},
+		Gated:    map[string]string{hub.Datasets + "/" + GatedDataset: "hf_granted_to_nobody_here"}}
 	for _, id := range HubModels {
 		repos.Models[id] = hub.Snapshot(id, 256<<10)
 	}
@@ -255,7 +262,11 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	s.step("serving the models %s and the dataset %s at a local Hugging Face Hub, %s", strings.Join(HubModels, ", "), hub.TutorialDatasetID, s.Hub.URL())
 
 	s.step("starting kube-apiserver + etcd with KubeRay's reconcilers (about 15 s)")
-	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Log: o.Log.With("part", "kubesim")}); err != nil {
+	python, err := TrainerPython()
+	if err != nil {
+		return nil, err
+	}
+	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, StorageHost: s.gcsHost, Python: python, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Log: o.Log.With("part", "kubesim")}); err != nil {
 		return nil, err
 	}
 	s.Kubeconfig = filepath.Join(o.StateDir, "kubeconfig")
