@@ -41,12 +41,17 @@ LAYOUT_DIR := $(CURDIR)/.build/trainer-layout
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*##"} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# The tools and the trainer's virtualenv (which runs the data check) are built
+# side by side: the Go builds keep the CPUs busy, the virtualenv's download the
+# network.
 .PHONY: run
-run: tools trainer-venv ## The example job end to end on the local cloud (no account needed)
+run: ## The example job end to end on the local cloud (no account needed)
+	$(MAKE) --no-print-directory -j3 tools trainer-venv
 	cd infra/localcloud && RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) run ./cmd/localcloud run --repo ../..
 
 .PHONY: dev
-dev: tools trainer-venv ## Start the local cloud and keep it up (prints the variables that point clients at it)
+dev: ## Start the local cloud and keep it up (prints the variables that point clients at it)
+	$(MAKE) --no-print-directory -j3 tools trainer-venv
 	cd infra/localcloud && RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python $(GO) run ./cmd/localcloud dev --repo ../..
 
 ##@ Development

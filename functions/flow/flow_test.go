@@ -396,12 +396,18 @@ func (w *world) workers() int32 {
 	return n
 }
 
+// example is the example spec with the data check off: most tests drive
+// the phases after it (checkedExample turns it on).
 func example(t *testing.T) string {
 	b, err := os.ReadFile("../../examples/gemma3-vision.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	body := strings.Replace(string(b), `"cluster": {`, `"dataset": {"check": false}, "cluster": {`, 1)
+	if body == string(b) {
+		t.Fatal("the example has no cluster to put the dataset before")
+	}
+	return body
 }
 
 // runToSuccess takes an admitted, submitted run through running to a
@@ -880,7 +886,7 @@ func TestOutsideTheDeploymentRejected(t *testing.T) {
 	for _, c := range []struct{ name, old, new, path, allowed string }{
 		{"bucket", `"bucket": "` + output + `"`, `"bucket": "someone-elses-bucket"`, "output.bucket", output},
 		{"namespace", `"cluster": {`, `"cluster": {"namespace": "kube-system",`, "cluster.namespace", `runs may use default`},
-		{"data bucket", `"cluster": {`, `"dataset": {"source": "gs://someone-elses-data/x"}, "cluster": {`, "dataset.source", `bucket "someone-elses-data" is not a data bucket of this deployment; runs may read data from team-data`},
+		{"data bucket", `"dataset": {"check": false}`, `"dataset": {"check": false, "source": "gs://someone-elses-data/x"}`, "dataset.source", `bucket "someone-elses-data" is not a data bucket of this deployment; runs may read data from team-data`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w := newWorld(t)
@@ -1056,11 +1062,7 @@ func (w *world) reportEvent(runID string) event.Event {
 
 // checkedExample is the example spec with the data check asked for.
 func checkedExample(t *testing.T) string {
-	body := strings.Replace(example(t), `"cluster": {`, `"dataset": {"check": true}, "cluster": {`, 1)
-	if body == example(t) {
-		t.Fatal("the example has no cluster to put the dataset before")
-	}
-	return body
+	return strings.Replace(example(t), `"check": false`, `"check": true`, 1)
 }
 
 // TestDataCheckBeforeAnyWorker: a spec asking for the data check runs it on

@@ -25,7 +25,7 @@ func TestCheckText(t *testing.T) {
 		{&runs.DataCheck{RayJob: "r-0", EndedAt: &now, Result: passed},
 			"passed: 1345 rows (1273 train, 67 held out, 5 left out) · tokens p50 401 p90 460 max 1010 of 1024 · 60 steps · about 8m39s, 2.3 GPU-hours, $23.05"},
 	} {
-		if got := checkText(&runs.Record{Check: c.check}); got != c.want {
+		if got := CheckText(&runs.Record{Check: c.check}); got != c.want {
 			t.Errorf("checkText = %q, want %q", got, c.want)
 		}
 	}

@@ -359,7 +359,7 @@ func describe(w io.Writer, r *runs.Record) {
 	if line := startupText(r); line != "" {
 		fmt.Fprintf(tw, "start-up\t%s\n", line)
 	}
-	if line := checkText(r); line != "" {
+	if line := CheckText(r); line != "" {
 		fmt.Fprintf(tw, "data check\t%s\n", line)
 	}
 	if line := progressText(r, time.Now()); line != "" {
@@ -383,10 +383,10 @@ func describe(w io.Writer, r *runs.Record) {
 	}
 }
 
-// checkText is what the data check found, in one line: "running (RayJob
+// CheckText is what the data check found, in one line: "running (RayJob
 // x)" until it has a verdict, then its rows, lengths, steps and estimate, or
 // why it refused the run.
-func checkText(r *runs.Record) string {
+func CheckText(r *runs.Record) string {
 	c := r.Check
 	switch {
 	case c == nil:

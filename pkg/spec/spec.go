@@ -67,7 +67,7 @@ type Dataset struct {
 	Template Template `json:"template" doc:"The conversation made of each row when format is template; the defaults are the tutorial's prompt and columns."`
 	Messages Messages `json:"messages" doc:"The columns read when format is messages."`
 	// Check asks for the data check before the first attempt.
-	Check bool   `json:"check" doc:"Check the data and the model on the Ray head before any GPU worker is asked for (trainer/datacheck.py: every row encoded as training will, every image decoded); a run whose data or model is unusable fails InvalidData or InvalidModel with no GPU worker created. Off by default while the local cloud cannot check Hub datasets."`
+	Check bool   `json:"check" doc:"Check the data and the model on the Ray head before any GPU worker is asked for (trainer/datacheck.py: every row encoded as training will, every image decoded); a run whose data or model is unusable fails InvalidData or InvalidModel with no GPU worker created. On by default; false starts the GPU workers at once, and bad data is then found by the trainer on them."`
 	Split string `json:"split" spec:"kind=token,max=64" doc:"Dataset split to train on."`
 	// EvalSplit and EvalShare choose the held-out rows every checkpoint is
 	// evaluated on.
@@ -290,6 +290,7 @@ func Defaults() JobSpec {
 			Split:         "train",
 			EvalShare:     0.05,
 			SampleAnswers: 8,
+			Check:         true,
 		},
 		LoRA: LoRA{
 			R:             16,

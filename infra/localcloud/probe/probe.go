@@ -246,7 +246,9 @@ func Notification(object string, gen int64, size int) *pubsub.Message {
 }
 
 // Spec is example (a job spec's JSON) on its own cluster, writing to bucket,
-// with the given top-level overrides merged in.
+// with the data check off (the suites drive the phases after it; a test of
+// the check gives a dataset that asks for it) and the given top-level
+// overrides merged in.
 func Spec(example []byte, cluster, bucket string, extra map[string]any) ([]byte, error) {
 	var m map[string]any
 	if err := json.Unmarshal(example, &m); err != nil {
@@ -254,6 +256,7 @@ func Spec(example []byte, cluster, bucket string, extra map[string]any) ([]byte,
 	}
 	m["cluster"].(map[string]any)["name"] = cluster
 	m["output"].(map[string]any)["bucket"] = bucket
+	m["dataset"] = map[string]any{"check": false}
 	maps.Copy(m, extra)
 	return json.Marshal(m)
 }

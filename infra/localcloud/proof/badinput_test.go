@@ -424,15 +424,16 @@ func shellInEveryField(t *testing.T) {
 
 // freeTextArrivesAsData: a template and a system message holding quotes,
 // $(...), backticks, newlines and non-ASCII text are data: the run trains,
-// no injected command runs (the shell test), and the text reaches the
-// trainer byte for byte in the RayJob's runtime env, never its entrypoint.
+// no injected command runs (the shell test) in the real data check's
+// Python either, and the text reaches the trainer byte for byte in the
+// RayJob's runtime env, never its entrypoint.
 func freeTextArrivesAsData(t *testing.T) {
 	scenario := "bad input: free text in templates arrives byte for byte"
 	system := "It's \"$(touch " + canary + ")\" `touch " + canary + "`\n\ttabs; café — 日本語 'q' \\ $HOME"
-	prompt := "{question}\nAnswer in one line, {{like this}}: x'; touch " + canary + "; echo '"
+	prompt := "{Product Name}\nAnswer in one line, {{like this}}: x'; touch " + canary + "; echo '"
 	tpl := map[string]any{"system": system, "prompt": prompt, "answer": "description", "images": []string{"image"}}
 	var m map[string]any
-	if err := json.Unmarshal(spec(t, "free-text", map[string]any{"dataset": map[string]any{"template": tpl}}), &m); err != nil {
+	if err := json.Unmarshal(spec(t, "free-text", map[string]any{"dataset": map[string]any{"template": tpl, "check": true}}), &m); err != nil {
 		t.Fatal(err)
 	}
 	data, _ := json.Marshal(m)

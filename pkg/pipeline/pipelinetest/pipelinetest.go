@@ -181,8 +181,10 @@ func (w *World) Events() []string {
 	return out
 }
 
-// Spec parses examples/gemma3-vision.json (with edit applied to its JSON
-// object first, when not nil): a valid spec whose checkpoints go to Output.
+// Spec parses examples/gemma3-vision.json with the data check off (most
+// tests drive the phases after it; a test of the check sets dataset.check),
+// with edit applied to its JSON object first, when not nil: a valid spec
+// whose checkpoints go to Output.
 func (w *World) Spec(edit func(map[string]any)) *spec.JobSpec {
 	w.T.Helper()
 	s, err := spec.Parse(w.SpecJSON(edit))
@@ -203,6 +205,7 @@ func (w *World) SpecJSON(edit func(map[string]any)) []byte {
 	if err := json.Unmarshal(b, &m); err != nil {
 		w.T.Fatal(err)
 	}
+	m["dataset"] = map[string]any{"check": false}
 	if edit != nil {
 		edit(m)
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/raydrop/raydrop/examples/shapes"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/cli"
 	"github.com/raydrop/raydrop/pkg/events"
 	"github.com/raydrop/raydrop/pkg/names"
 	"github.com/raydrop/raydrop/pkg/runs"
@@ -217,6 +218,9 @@ func demo(ctx context.Context, st *stack.Stack, specFile string, data []byte, re
 				return err
 			}
 			if r.Phase != lastPhase {
+				if lastPhase == runs.Checking && r.Check != nil && r.Check.Result != nil {
+					fmt.Printf("%6.1fs  data check %s\n", time.Since(start).Seconds(), cli.CheckText(r))
+				}
 				fmt.Printf("%6.1fs  phase %s %s\n", time.Since(start).Seconds(), r.Phase, r.Message)
 				lastPhase = r.Phase
 			}
