@@ -19,6 +19,8 @@ FAKE_GCS_VERSION := v1.56.1
 # (infra/tools/fakegcs/backend/memory.go), keyed by that store's hash too.
 FAKE_GCS_STORE := $(shell cat infra/tools/fakegcs/build.sh infra/tools/fakegcs/backend/memory.go | sha256sum | cut -c1-12)
 FAKE_GCS := $(RAYDROP_CACHE)/bin/fake-gcs-server-$(FAKE_GCS_VERSION)-store-$(FAKE_GCS_STORE)
+# Marks the build whose own tests passed (a dot file: never taken for the binary).
+FAKE_GCS_TESTED := $(RAYDROP_CACHE)/bin/.tested-fake-gcs-server-$(FAKE_GCS_VERSION)-store-$(FAKE_GCS_STORE)
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
 
@@ -64,7 +66,7 @@ dev: ## Start the local cloud and keep it up (prints the variables that point cl
 TEST_LANES ?= "cpu go-test bench-smoke trainer-contract" "localcloud lint infra-check trainer-unit localcloud-test"
 
 .PHONY: test
-test: tools $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
+test: tools $(FAKE_GCS_TESTED) $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
 	MAKE="$(MAKE)" infra/tools/test-parts.sh $(TEST_LANES)
 
 .PHONY: check
@@ -166,9 +168,17 @@ $(KUBE_BIN)/etcd:
 
 $(FAKE_GCS):
 	@mkdir -p $(dir $@)
-	@echo "tools: testing fake-gcs-server $(FAKE_GCS_VERSION) with the local cloud's store, then building it (first time on this machine: about two minutes)"
-	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test && GO=$(GO) ./build.sh $@.tmp
+	@echo "tools: building fake-gcs-server $(FAKE_GCS_VERSION) with the local cloud's store (first time on this machine: about a minute)"
+	cd infra/tools/fakegcs && GO=$(GO) ./build.sh $@.tmp
 	@mv $@.tmp $@
+
+# fake-gcs-server's own tests of its stores and HTTP server, against the local
+# cloud's store: once per build of it (the marker is keyed as the binary is),
+# by make test; make run uses the binary without waiting for them.
+$(FAKE_GCS_TESTED): $(FAKE_GCS)
+	@echo "tools: testing fake-gcs-server $(FAKE_GCS_VERSION) with the local cloud's store (once per build)"
+	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test
+	@touch $@
 
 $(CHROMIUM):
 	@echo "tools: installing Debian's chromium for the report's browser test (first time on this machine: about a minute)"
@@ -177,7 +187,7 @@ $(CHROMIUM):
 	$@ --version
 
 .PHONY: fakegcs-test
-fakegcs-test: ## fake-gcs-server's own tests against the local cloud's indexed store (also run whenever the store is built)
+fakegcs-test: ## fake-gcs-server's own tests against the local cloud's indexed store (make test runs them once per build of the store)
 	cd infra/tools/fakegcs && GO=$(GO) ./build.sh --test
 
 $(GOLANGCI):
