@@ -22,13 +22,15 @@ import (
 
 	"github.com/raydrop/raydrop/infra/localcloud/probe"
 	"github.com/raydrop/raydrop/infra/localcloud/stack"
+	"github.com/raydrop/raydrop/pkg/manifests"
 	"github.com/raydrop/raydrop/pkg/runs"
 )
 
 // testNothingReachesAShell runs the entrypoint of every RayJob the suite
 // created through bash, as Ray's job manager does (shell=True), with a
 // python on PATH that records its argv: no injected command ran (the
-// canary file does not exist), and each entrypoint started the trainer once.
+// canary file does not exist), and each entrypoint started the trainer once
+// (train.py, or datacheck.py for a data check's RayJob).
 func testNothingReachesAShell(t *testing.T) {
 	scenario := "shell: every RayJob entrypoint through bash"
 	all := jobs.All()
@@ -57,8 +59,8 @@ func testNothingReachesAShell(t *testing.T) {
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: bash: %v %s", j.Name, err, out))
 		}
-		if strings.Count(string(got), "---\n") != 1 || !strings.HasPrefix(string(got), "/code/train.py\n") {
-			problems = append(problems, fmt.Sprintf("%s: the entrypoint did not run the trainer once: %q", j.Name, got))
+		if strings.Count(string(got), "---\n") != 1 || (!strings.HasPrefix(string(got), manifests.ScriptPath+"\n") && !strings.HasPrefix(string(got), manifests.CheckPath+"\n")) {
+			problems = append(problems, fmt.Sprintf("%s: the entrypoint did not run the trainer (training or its data check) once: %q", j.Name, got))
 		}
 		if _, err := os.Stat(canary); err == nil {
 			problems = append(problems, fmt.Sprintf("%s: an injected command ran (entrypoint %q)", j.Name, j.Entrypoint))
