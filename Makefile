@@ -62,10 +62,10 @@ dev: ## Start the local cloud and keep it up (prints the variables that point cl
 # another, lanes side by side (infra/tools/test-parts.sh prints each part's
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
-# parts that keep the CPUs busy; the lint and the HCL check go first in the
-# CPU lane so that the local cloud's lane, the longer one, starts its suites
-# sooner. TEST_LANES="lint go-test ..." runs one lane.
-TEST_LANES ?= "cpu lint infra-check go-test bench-smoke trainer-contract" "localcloud trainer-unit localcloud-test"
+# parts that keep the CPUs busy; the lint goes first in the CPU lane so that
+# the local cloud's lane, the longer one, starts its suites sooner.
+# TEST_LANES="lint go-test ..." runs one lane.
+TEST_LANES ?= "cpu lint go-test bench-smoke trainer-contract" "localcloud infra-check trainer-unit localcloud-test"
 
 .PHONY: test
 test: tools $(FAKE_GCS_TESTED) $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
