@@ -30,34 +30,42 @@ const FakeGCSEnv = "RAYDROP_FAKE_GCS"
 // (RAYDROP_CACHE defaulting to ~/.cache/raydrop), where the Makefile's tools
 // build it, keyed by the store's hash.
 func FakeGCSBinary() (string, error) {
-	if b := os.Getenv(FakeGCSEnv); b != "" {
-		if _, err := os.Stat(b); err != nil {
-			return "", fmt.Errorf("%s: %w", FakeGCSEnv, err)
+	path, pattern, err := FromCache(FakeGCSEnv, filepath.Join("bin", "fake-gcs-server-"+FakeGCSVersion+"-store-*"))
+	if err != nil || path != "" {
+		return path, err
+	}
+	return "", fmt.Errorf("fake-gcs-server %s not found at %s: run `make tools` in the repository root "+
+		"(it builds infra/tools/fakegcs), or set %s to a fake-gcs-server binary", FakeGCSVersion, pattern, FakeGCSEnv)
+}
+
+// FromCache is what make built into RAYDROP_CACHE (default
+// ~/.cache/raydrop): $env when it is set (an error when it names nothing),
+// else the newest path matching glob under the cache that is not a ".tmp"
+// build in progress, "" when none does. pattern is the glob in full.
+func FromCache(env, glob string) (path, pattern string, err error) {
+	if p := os.Getenv(env); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", p, fmt.Errorf("%s: %w", env, err)
 		}
-		return b, nil
+		return p, p, nil
 	}
 	cache := os.Getenv("RAYDROP_CACHE")
 	if cache == "" {
 		home, err := os.UserHomeDir()
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		cache = filepath.Join(home, ".cache", "raydrop")
 	}
-	pattern := filepath.Join(cache, "bin", "fake-gcs-server-"+FakeGCSVersion+"-store-*")
-	builds, _ := filepath.Glob(pattern)
-	var newest string
+	pattern = filepath.Join(cache, glob)
+	matches, _ := filepath.Glob(pattern)
 	var newestTime time.Time
-	for _, b := range builds {
-		if fi, err := os.Stat(b); err == nil && !strings.HasSuffix(b, ".tmp") && fi.ModTime().After(newestTime) {
-			newest, newestTime = b, fi.ModTime()
+	for _, m := range matches {
+		if fi, err := os.Stat(m); err == nil && !strings.HasSuffix(m, ".tmp") && fi.ModTime().After(newestTime) {
+			path, newestTime = m, fi.ModTime()
 		}
 	}
-	if newest == "" {
-		return "", fmt.Errorf("fake-gcs-server %s not found at %s: run `make tools` in the repository root "+
-			"(it builds infra/tools/fakegcs), or set %s to a fake-gcs-server binary", FakeGCSVersion, pattern, FakeGCSEnv)
-	}
-	return newest, nil
+	return path, pattern, nil
 }
 
 // Storage is a running fake-gcs-server, the Cloud Storage emulator.
