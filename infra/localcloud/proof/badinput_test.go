@@ -43,42 +43,47 @@ func observe(d eventarc.Delivery) {
 	}
 }
 
-// deliveredOnce waits for the route's first delivery under key, lets
-// redeliveries come for settle, and returns a problem unless there was
-// exactly one, answered 2xx: no retry storm.
+// deliveredOnce waits for the route's first delivery under key that a
+// running function answered, lets redeliveries come for settle, and returns
+// a problem unless there was exactly one such delivery, answered 2xx: no
+// retry storm.
 func deliveredOnce(route, key string, settle time.Duration) string {
+	// A push that got no answer while the crash scenarios running beside
+	// this one had killed the function is Pub/Sub's redelivery at work,
+	// not a retry of the input: it is set aside (the redelivery comes after
+	// the subscription's backoff), and the rest must be one delivery
+	// answered 2xx.
+	fn := stack.RouteFunction(route)
+	answeredOf := func() (got, answered []eventarc.Delivery) {
+		deliveries.Lock()
+		got = slices.Clone(deliveries.by[route+"|"+key])
+		deliveries.Unlock()
+		for _, d := range got {
+			if d.Code == 0 && d.Err != nil && st.DownDuring(fn, d.Start, d.Start.Add(d.Took)) {
+				continue
+			}
+			answered = append(answered, d)
+		}
+		return got, answered
+	}
 	// Deliveries queue behind the other scenarios' (the emulator pushes two
 	// at a time per subscription): the first may take a while.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		deliveries.Lock()
-		n := len(deliveries.by[route+"|"+key])
-		deliveries.Unlock()
-		if n > 0 {
+		got, answered := answeredOf()
+		if len(answered) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Sprintf("no delivery on %s for %s within 2 min", route, key)
+			return fmt.Sprintf("no delivery on %s for %s answered within 2 min (%d while %s was killed)", route, key, len(got), fn)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(settle)
-	deliveries.Lock()
-	got := slices.Clone(deliveries.by[route+"|"+key])
-	deliveries.Unlock()
-	// A push that got no answer while the crash scenarios running beside
-	// this one had killed the function is Pub/Sub's redelivery at work,
-	// not a retry of the input: it is set aside, and the rest must be one
-	// delivery answered 2xx.
-	fn := stack.RouteFunction(route)
+	got, answered := answeredOf()
 	var codes []int
-	var answered []eventarc.Delivery
 	for _, d := range got {
 		codes = append(codes, d.Code)
-		if d.Code == 0 && d.Err != nil && st.DownDuring(fn, d.Start, d.Start.Add(d.Took)) {
-			continue
-		}
-		answered = append(answered, d)
 	}
 	if len(answered) != 1 || answered[0].Outcome != eventarc.Delivered || answered[0].Code < 200 || answered[0].Code > 299 {
 		return fmt.Sprintf("%s on %s: %d deliveries answered %v (%d of them while %s was killed), want one answered 2xx", key, route, len(got), codes, len(got)-len(answered), fn)
