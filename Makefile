@@ -35,6 +35,10 @@ CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 GO_TEST_FLAGS ?= -race -shuffle=on -count=1
+# Every Go build leaves the clone's own path out of what it compiles, so the
+# build cache serves each clone on the machine: a fresh clone (CI's) compiles
+# only the packages that changed, not the whole module again.
+export GOFLAGS := $(strip $(filter-out -trimpath,$(GOFLAGS)) -trimpath)
 LAYOUT_DIR := $(CURDIR)/.build/trainer-layout
 
 ##@ Getting started
@@ -63,7 +67,9 @@ dev: ## Start the local cloud and keep it up (prints the variables that point cl
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
 # parts that keep the CPUs busy; the lint goes first in the CPU lane so that
-# the local cloud's lane, the longer one, starts its suites sooner.
+# the local cloud's lane, the longer one, starts its suites sooner. The
+# end-to-end tests spend most of their time waiting on their cloud, so four
+# of them run at once.
 # TEST_LANES="lint go-test ..." runs one lane.
 TEST_LANES ?= "cpu lint go-test bench-smoke trainer-contract" "localcloud infra-check trainer-unit localcloud-test"
 
@@ -92,7 +98,7 @@ localcloud-test: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests a
 	mkdir -p .build
 	$(MAKE) --no-print-directory proof >.build/proof.log 2>&1 & proof=$$!; \
 		status=0; (cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python \
-			$(GO) test -count=1 -shuffle=on -timeout 15m $$($(GO) list ./... | grep -v /proof)) || status=$$?; \
+			$(GO) test -count=1 -shuffle=on -parallel 4 -timeout 15m $$($(GO) list ./... | grep -v /proof)) || status=$$?; \
 		wait $$proof || status=1; echo "localcloud-test: the proof suite (.build/proof.log):"; cat .build/proof.log; exit $$status
 
 .PHONY: proof

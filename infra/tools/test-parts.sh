@@ -23,19 +23,29 @@ start=$(date +%s)
 busy() { awk -v hz="$(getconf CLK_TCK)" '/^cpu /{ printf "%d", ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat; }
 busy0=$(busy)
 
+# cpu: the CPU seconds (user and system) this shell's finished children
+# have used so far, from bash's times, run in this shell (a command
+# substitution's subshell would count its own children only).
+children_cpu() { # file
+	times >"$1"
+	cpu=$(awk 'END { split($1, u, "m"); split($2, s, "m"); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$1")
+}
+
 lane() { # name parts...
-	local name=$1
+	local name=$1 tf cpu
 	shift
+	tf=$(mktemp)
 	for part in "$@"; do
-		local s
+		local s c result=ok
 		s=$(date +%s)
-		if $MAKE --no-print-directory "$part"; then
-			echo "$part $(($(date +%s) - s)) ok" >>"$times"
-		else
-			echo "$part $(($(date +%s) - s)) FAILED" >>"$times"
-			return 1
-		fi
+		children_cpu "$tf"
+		c=$cpu
+		$MAKE --no-print-directory "$part" || result=FAILED
+		children_cpu "$tf"
+		echo "$part $(($(date +%s) - s)) $((cpu - c)) $result" >>"$times"
+		[ $result = ok ] || { rm -f "$tf"; return 1; }
 	done
+	rm -f "$tf"
 }
 
 pids=()
@@ -81,12 +91,12 @@ if [ $status -ne 0 ] && [ "$lanes" -gt 1 ]; then
 fi
 
 echo
-echo "make test: the parts, in wall-clock seconds"
-while read -r part secs result; do
-	printf '  %-18s %5d s  %dm%02ds  %s\n' "$part" "$secs" $((secs / 60)) $((secs % 60)) "$result"
+echo "make test: the parts, in wall-clock seconds, and the CPU seconds each used (its processes, user and system)"
+while read -r part secs cpu result; do
+	printf '  %-18s %5d s  %dm%02ds  %5d CPU s  %s\n' "$part" "$secs" $((secs / 60)) $((secs % 60)) "$cpu" "$result"
 done <"$times"
 total=$(($(date +%s) - start))
-printf '  %-18s %5d s  %dm%02ds  %s\n' total "$total" $((total / 60)) $((total % 60)) "$([ $status -eq 0 ] && echo ok || echo FAILED)"
+printf '  %-18s %5d s  %dm%02ds  %9s  %s\n' total "$total" $((total / 60)) $((total % 60)) "" "$([ $status -eq 0 ] && echo ok || echo FAILED)"
 cores=$(nproc)
 echo "  the CPUs were busy $(($(busy) - busy0)) s of the $((total * cores)) s that $cores cores had in that time (the whole machine, from /proc/stat)"
 exit $status
