@@ -66,12 +66,12 @@ dev: ## Start the local cloud and keep it up (prints the variables that point cl
 # another, lanes side by side (infra/tools/test-parts.sh prints each part's
 # time at the end). The local cloud's suites mostly wait on their clouds
 # (ticks, simulated steps, retries' back-off), so they run beside the
-# parts that keep the CPUs busy; the lint goes first in the CPU lane so that
-# the local cloud's lane, the longer one, starts its suites sooner. The
-# end-to-end tests spend most of their time waiting on their cloud, so four
-# of them run at once.
+# parts that keep the CPUs busy: the proof suite, the longest part, from
+# the start in a lane of its own; the end-to-end suite, four tests at once,
+# then the benchmark's smoke run in another; the lint, the Go tests and the
+# trainer's in the third.
 # TEST_LANES="lint go-test ..." runs one lane.
-TEST_LANES ?= "cpu lint go-test bench-smoke trainer-contract" "localcloud infra-check trainer-unit localcloud-test"
+TEST_LANES ?= "cpu lint go-test trainer-unit trainer-contract" "localcloud infra-check localcloud-e2e bench-smoke" "proof proof"
 
 .PHONY: test
 test: tools $(FAKE_GCS_TESTED) $(GOLANGCI) infra-tools trainer-venv gemma3-tokenizer $(CHROMIUM) ## Everything CI runs: lint, Go tests, the HCL check, the end-to-end suite on the local cloud, trainer tests and the layout contract; prints each part's time
@@ -94,12 +94,16 @@ fuzz: ## Random interleavings of deliveries, crashes and cancellations against t
 	$(GO) test -count=1 -timeout 120m -run TestRandomInterleavings ./functions/flow -args -interleavings $(FUZZ_N) -seed $(FUZZ_SEED)
 
 .PHONY: localcloud-test
-localcloud-test: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests and the end-to-end suite on it (the run report in a real Chromium too), beside the proof suite (faults, bad input, secrets) on a local cloud of its own
+localcloud-test: ## The local cloud's own tests and the end-to-end suite on it, beside the proof suite on a local cloud of its own
 	mkdir -p .build
 	$(MAKE) --no-print-directory proof >.build/proof.log 2>&1 & proof=$$!; \
-		status=0; (cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python \
-			$(GO) test -count=1 -shuffle=on -parallel 4 -timeout 15m $$($(GO) list ./... | grep -v /proof)) || status=$$?; \
+		status=0; $(MAKE) --no-print-directory localcloud-e2e || status=$$?; \
 		wait $$proof || status=1; echo "localcloud-test: the proof suite (.build/proof.log):"; cat .build/proof.log; exit $$status
+
+.PHONY: localcloud-e2e
+localcloud-e2e: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests and the end-to-end suite on it (the run report in a real Chromium too), four tests at once
+	cd infra/localcloud && RAYDROP_CHROMIUM=$(CHROMIUM) RAYDROP_TRAINER_PYTHON=$(TRAINER_VENV)/bin/python \
+		$(GO) test -count=1 -shuffle=on -parallel 4 -timeout 15m $$($(GO) list ./... | grep -v /proof)
 
 .PHONY: proof
 proof: tools trainer-venv ## The reliability and security suite on its own local cloud; prints a report per scenario (also .build/proof-report.json)

@@ -16,6 +16,12 @@ import time
 # Ray 2.48 writes the V1 layout (trial folder, result.json) unless Train V2 is
 # switched on; the pipeline reads that layout, so pin it.
 os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
+# Ray's tqdm support replaces builtins.print in the driver the first time a
+# worker's progress bar reaches it; a function Ray pickles after that and
+# which uses print then fails ("Can't pickle <built-in function print>: it's
+# not the same object as builtins.print"), a race a busy head loses. print
+# stays the builtin.
+os.environ["RAY_TQDM_PATCH_PRINT"] = "0"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

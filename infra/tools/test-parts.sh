@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-parts.sh: runs the parts of `make test` and prints how long each took.
 #
-#   test-parts.sh "cpu lint go-test infra-check" "localcloud localcloud-test"
+#   test-parts.sh "cpu lint go-test" "localcloud infra-check localcloud-e2e" "proof proof"
 #
 # Each argument is a lane: its name, then its parts (make targets), which
 # run one after another; lanes run side by side. With several lanes, a

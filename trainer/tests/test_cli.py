@@ -139,3 +139,20 @@ def test_one_fast_default_from_defaults_json():
     assert (a.max_seq_length, a.max_dropped_share) == (d["maxSeqLength"], d["maxDroppedShare"])
     # The tutorial's global batch: 16 workers x 4 x 1 = 16 x 1 x 4.
     assert a.num_workers * a.per_device_batch_size * a.gradient_accumulation_steps == 64
+
+
+def test_the_driver_keeps_the_builtin_print():
+    """Once a worker's progress bar reached the driver, Ray's tqdm support would
+    put its own print in builtins, and pickling a function that prints would
+    then fail; train.py turns that off before Ray is imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import builtins, train; p = builtins.print\n"
+        "from ray.experimental import tqdm_ray; tqdm_ray.instance()\n"
+        "assert builtins.print is p, builtins.print\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_TQDM_PATCH_PRINT"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=TRAINER_DIR, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
