@@ -25,7 +25,9 @@ busy0=$(busy)
 
 # cpu: the CPU seconds (user and system) this shell's finished children
 # have used so far, from bash's times, run in this shell (a command
-# substitution's subshell would count its own children only).
+# substitution's subshell would count its own children only). A process
+# that outlives its parent (a Ray worker whose raylet was killed) is reaped
+# by another and not counted: /proc/stat's figure at the end counts all.
 children_cpu() { # file
 	times >"$1"
 	cpu=$(awk 'END { split($1, u, "m"); split($2, s, "m"); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$1")
@@ -91,7 +93,7 @@ if [ $status -ne 0 ] && [ "$lanes" -gt 1 ]; then
 fi
 
 echo
-echo "make test: the parts, in wall-clock seconds, and the CPU seconds each used (its processes, user and system)"
+echo "make test: the parts, in wall-clock seconds, and the CPU seconds its processes used (those reaped in it)"
 while read -r part secs cpu result; do
 	printf '  %-18s %5d s  %dm%02ds  %5d CPU s  %s\n' "$part" "$secs" $((secs / 60)) $((secs % 60)) "$cpu" "$result"
 done <"$times"
