@@ -94,7 +94,7 @@ fuzz: ## Random interleavings of deliveries, crashes and cancellations against t
 	$(GO) test -count=1 -timeout 120m -run TestRandomInterleavings ./functions/flow -args -interleavings $(FUZZ_N) -seed $(FUZZ_SEED)
 
 .PHONY: localcloud-test
-localcloud-test: ## The local cloud's own tests and the end-to-end suite on it, beside the proof suite on a local cloud of its own
+localcloud-test: tools $(CHROMIUM) trainer-venv ## The local cloud's own tests and the end-to-end suite on it, beside the proof suite on a local cloud of its own
 	mkdir -p .build
 	$(MAKE) --no-print-directory proof >.build/proof.log 2>&1 & proof=$$!; \
 		status=0; $(MAKE) --no-print-directory localcloud-e2e || status=$$?; \
