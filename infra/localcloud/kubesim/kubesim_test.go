@@ -440,7 +440,13 @@ func TestHangThenDelete(t *testing.T) {
 		_, err := getRayJob(rj.Name)
 		return apierrors.IsNotFound(err), nil
 	})
-	r := record(t, rj.Spec.JobId)
+	// The stop is recorded as it is asked; the job's status follows when
+	// its run has ended.
+	var r kubesim.JobRecord
+	waitFor(t, "the job stopped", 10*time.Second, func() (bool, error) {
+		r = record(t, rj.Spec.JobId)
+		return r.Status == rayv1.JobStatusStopped, nil
+	})
 	if r.StopCalls == 0 || r.Status != rayv1.JobStatusStopped || r.LastStep != 1 {
 		t.Errorf("record %+v, want stopped at step 1", r)
 	}
