@@ -123,7 +123,7 @@ func (h *Handler) check(ctx context.Context, runID string, listed *listing) erro
 			return err
 		}
 		if m := o.Mark; m != nil && m.Status == "failed" && !m.NoticeSeen && !rec.CancelRequested {
-			o.Cause = h.causeOf(ctx, rec, m)
+			o.Cause = h.causeOf(ctx, rec, m, files)
 		}
 		o.Pulse, o.Stacks = h.pulse(ctx, rec, files), h.stacks(ctx, rec)
 	}

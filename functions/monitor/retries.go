@@ -100,8 +100,16 @@ const evidenceWait = 10 * time.Second
 
 // causeOf names the cause of the current attempt, whose trainer wrote a
 // failed mark: the evidence is kept first (the capture is done once; the
-// teardown that follows finds it), then read back and classified.
-func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark) *runs.Cause {
+// teardown that follows finds it), then read back and classified. The
+// step it failed after is the last one its metrics tell, read now: the
+// recorded progress is only as recent as the last check, and the retry
+// policy compares this step with an earlier attempt's.
+func (h *Handler) causeOf(ctx context.Context, rec *runs.Record, mark *checkpoints.Mark, files attemptFiles) *runs.Cause {
+	if p, _ := h.latest(ctx, rec, files); newer(p, rec.Progress) {
+		r := *rec
+		r.Progress = p
+		rec = &r
+	}
 	uri := h.Deps.KeepEvidence(ctx, rec, rec.Attempt)
 	if uri == "" {
 		// Never named from the mark alone when there may be more to read:
