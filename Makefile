@@ -13,7 +13,10 @@ GO ?= go
 
 KUBE_VERSION := v1.34.1
 ETCD_VERSION := v3.6.4
-KUBE_BIN := $(RAYDROP_CACHE)/kube-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
+# kube-apiserver is built with its version stamped in, as a release is (clients
+# such as Kueue read it from /version and refuse "v0.0.0-master").
+KUBE_BIN := $(RAYDROP_CACHE)/kube-$(KUBE_VERSION)-stamped-etcd-$(ETCD_VERSION)
+KUBE_LDFLAGS := -s $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=$(KUBE_VERSION) -X $(p).gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION:v%=%))) -X $(p).gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION:v%=%))) -X $(p).gitTreeState=clean)
 FAKE_GCS_VERSION := v1.56.1
 # fake-gcs-server is built with the local cloud's indexed in-memory store
 # (infra/tools/fakegcs/backend/memory.go), keyed by that store's hash too.
@@ -21,6 +24,13 @@ FAKE_GCS_STORE := $(shell cat infra/tools/fakegcs/build.sh infra/tools/fakegcs/b
 FAKE_GCS := $(RAYDROP_CACHE)/bin/fake-gcs-server-$(FAKE_GCS_VERSION)-store-$(FAKE_GCS_STORE)
 # Marks the build whose own tests passed (a dot file: never taken for the binary).
 FAKE_GCS_TESTED := $(RAYDROP_CACHE)/bin/.tested-fake-gcs-server-$(FAKE_GCS_VERSION)-store-$(FAKE_GCS_STORE)
+# Kueue's controller manager, built from its release as its own binary, with
+# the release's CRDs and webhook manifests beside it (RAYDROP_KUEUE).
+KUEUE_VERSION := v0.17.0
+KUEUE_DIR := $(RAYDROP_CACHE)/kueue-$(KUEUE_VERSION)
+# Kueue $(KUEUE_VERSION) reads its metrics certificate from this fixed path when
+# its own certificate management is off (as in the local cloud).
+KUEUE_METRICS_CERTS := /etc/kueue/metrics/certs
 GOLANGCI_VERSION := v2.15.0
 GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
 
@@ -28,6 +38,7 @@ GOLANGCI := $(RAYDROP_CACHE)/bin/golangci-lint-$(GOLANGCI_VERSION)
 export KUBEBUILDER_ASSETS := $(KUBE_BIN)
 export RAYDROP_CACHE
 export RAYDROP_FAKE_GCS := $(FAKE_GCS)
+export RAYDROP_KUEUE := $(KUEUE_DIR)
 
 # Debian's Chromium renders the run report in the end-to-end suite's browser
 # test; it comes from the machine's package registry (apt: as root, or sudo).
@@ -164,12 +175,12 @@ schema: ## Regenerate the job spec JSON Schema (schemas/jobspec.v1.json)
 ##@ Tools (built once per machine into RAYDROP_CACHE)
 
 .PHONY: tools
-tools: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/etcd $(FAKE_GCS) ## etcd, kube-apiserver and fake-gcs-server for the tests and the local cloud
+tools: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/etcd $(FAKE_GCS) $(KUEUE_DIR)/kueue $(KUEUE_METRICS_CERTS) ## etcd, kube-apiserver, fake-gcs-server and Kueue for the tests and the local cloud
 
 $(KUBE_BIN)/kube-apiserver:
 	@mkdir -p $(KUBE_BIN)
 	@echo "tools: building kube-apiserver $(KUBE_VERSION) (first time on this machine: about 5 minutes)"
-	cd infra/tools/kube && $(GO) build -trimpath -ldflags=-s -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	cd infra/tools/kube && $(GO) build -trimpath -ldflags="$(KUBE_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/kube-apiserver
 	@mv $@.tmp $@
 
 $(KUBE_BIN)/etcd:
@@ -177,6 +188,20 @@ $(KUBE_BIN)/etcd:
 	@echo "tools: building etcd $(ETCD_VERSION) (first time on this machine: about 2 minutes)"
 	cd infra/tools/etcd && $(GO) build -trimpath -ldflags=-s -o $@.tmp go.etcd.io/etcd/server/v3
 	@mv $@.tmp $@
+
+$(KUEUE_DIR)/kueue:
+	@mkdir -p $(KUEUE_DIR)
+	@echo "tools: building Kueue $(KUEUE_VERSION) (first time on this machine: about 5 minutes)"
+	cd infra/tools/kueue && $(GO) build -trimpath -ldflags=-s -o $@.tmp sigs.k8s.io/kueue/cmd/kueue
+	rm -rf $(KUEUE_DIR)/config && mkdir -p $(KUEUE_DIR)/config/crd $(KUEUE_DIR)/config/webhook
+	src=$$(cd infra/tools/kueue && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kueue) && \
+	  cp $$src/config/components/crd/bases/*.yaml $(KUEUE_DIR)/config/crd/ && \
+	  cp $$src/config/components/webhook/manifests.yaml $(KUEUE_DIR)/config/webhook/
+	@mv $@.tmp $@
+
+$(KUEUE_METRICS_CERTS):
+	@echo "tools: creating $@, where Kueue $(KUEUE_VERSION) reads its metrics certificate (once per machine)"
+	$(SUDO) install -d -o $$(id -u) $@
 
 $(FAKE_GCS):
 	@mkdir -p $(dir $@)

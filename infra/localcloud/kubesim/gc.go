@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -19,14 +21,24 @@ const gcPeriod = 500 * time.Millisecond
 
 // collector is the garbage collector for what KubeRay creates: Pods and
 // Services owned by a RayCluster, submitter Jobs and RayClusters owned by
-// a RayJob, and the submitter Jobs' Pods. An object whose controlling owner no longer exists (or was
-// replaced by one of the same name) is deleted in the background.
+// a RayJob, and the submitter Jobs' Pods; and, where Kueue runs, the
+// Workloads it made for RayJobs (Kueue leaves a deleted job's Workload to
+// the garbage collector, and its quota is held until the Workload goes).
+// An object whose controlling owner no longer exists (or was replaced by
+// one of the same name) is deleted in the background.
 type collector struct {
 	cache  client.Reader // candidates
 	api    client.Reader // uncached: the owner's absence is confirmed here
 	writer client.Writer
 	log    *slog.Logger
+	// noWorkloadsUntil: the API server served no Workloads (Kueue is not
+	// installed) when last asked; asked again after this.
+	noWorkloadsUntil time.Time
 }
+
+// workloadList is Kueue's WorkloadList, read as unstructured: the
+// simulator does not build against Kueue's module.
+var workloadList = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "WorkloadList"}
 
 // Start implements manager.Runnable.
 func (g *collector) Start(ctx context.Context) error {
@@ -45,30 +57,47 @@ func (g *collector) Start(ctx context.Context) error {
 func (g *collector) sweep(ctx context.Context) {
 	lists := []client.ObjectList{&corev1.PodList{}, &corev1.ServiceList{}, &batchv1.JobList{}, &rayv1.RayClusterList{}}
 	for _, l := range lists {
-		if err := g.cache.List(ctx, l); err != nil {
+		if err := g.cache.List(ctx, l); err == nil {
+			g.collect(ctx, l)
+		}
+	}
+	// Workloads are few: listed from the API server, with no informer on a
+	// CRD that may not be there.
+	if time.Now().Before(g.noWorkloadsUntil) {
+		return
+	}
+	wl := &unstructured.UnstructuredList{}
+	wl.SetGroupVersionKind(workloadList)
+	switch err := g.api.List(ctx, wl); {
+	case meta.IsNoMatchError(err):
+		g.noWorkloadsUntil = time.Now().Add(5 * time.Second)
+	case err == nil:
+		g.collect(ctx, wl)
+	}
+}
+
+// collect deletes the objects of l whose controlling owner is gone.
+func (g *collector) collect(ctx context.Context, l client.ObjectList) {
+	items, err := meta.ExtractList(l)
+	if err != nil {
+		return
+	}
+	for _, it := range items {
+		obj, ok := it.(client.Object)
+		if !ok || obj.GetDeletionTimestamp() != nil {
 			continue
 		}
-		items, err := meta.ExtractList(l)
-		if err != nil {
+		ref := metav1.GetControllerOfNoCopy(obj)
+		if ref == nil || ownerKind(ref) == nil {
 			continue
 		}
-		for _, it := range items {
-			obj, ok := it.(client.Object)
-			if !ok || obj.GetDeletionTimestamp() != nil {
-				continue
-			}
-			ref := metav1.GetControllerOfNoCopy(obj)
-			if ref == nil || ownerKind(ref) == nil {
-				continue
-			}
-			if g.ownerExists(ctx, obj.GetNamespace(), ref) {
-				continue
-			}
-			err := g.writer.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground),
-				client.Preconditions{UID: ptrUID(obj.GetUID())})
-			if err == nil {
-				g.log.Debug("garbage collected", "kind", kindOf(obj), "namespace", obj.GetNamespace(), "name", obj.GetName(), "owner", ref.Kind+"/"+ref.Name)
-			}
+		if g.ownerExists(ctx, obj.GetNamespace(), ref) {
+			continue
+		}
+		err := g.writer.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground),
+			client.Preconditions{UID: ptrUID(obj.GetUID())})
+		if err == nil {
+			g.log.Debug("garbage collected", "kind", kindOf(obj), "namespace", obj.GetNamespace(), "name", obj.GetName(), "owner", ref.Kind+"/"+ref.Name)
 		}
 	}
 }
@@ -115,6 +144,8 @@ func kindOf(o client.Object) string {
 		return "Job"
 	case *rayv1.RayCluster:
 		return "RayCluster"
+	case *unstructured.Unstructured:
+		return o.GetObjectKind().GroupVersionKind().Kind
 	}
 	return "object"
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/raydrop/raydrop/infra/localcloud/faults"
 	"github.com/raydrop/raydrop/infra/localcloud/hub"
 	"github.com/raydrop/raydrop/infra/localcloud/kubesim"
+	"github.com/raydrop/raydrop/infra/localcloud/kueue"
 	"github.com/raydrop/raydrop/infra/localcloud/strictgcs"
 	"github.com/raydrop/raydrop/pkg/config"
 	"github.com/raydrop/raydrop/pkg/wiring"
@@ -116,6 +117,10 @@ type Options struct {
 	// Subscriber deploys the example subscriber (examples/subscriber) with
 	// a trigger on the events topic, promoting into ModelsBucket.
 	Subscriber bool
+	// Kueue runs Kueue's controller manager (package kueue) against the
+	// API server, beside KubeRay's reconcilers, its log in the state
+	// folder's kueue/kueue.log.
+	Kueue bool
 }
 
 // Stack is a running local cloud.
@@ -127,7 +132,9 @@ type Stack struct {
 	PubSub     *emulators.PubSub
 	Storage    *emulators.Storage
 	Sim        *kubesim.Sim
-	Adapter    *eventarc.Adapter
+	// Kueue is the running Kueue (nil without Options.Kueue).
+	Kueue   *kueue.Kueue
+	Adapter *eventarc.Adapter
 	// Bus is the deployment's Eventarc Advanced message bus (BusName),
 	// which the functions publish every public event to as well.
 	Bus *eventarc.Bus
@@ -272,6 +279,13 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	s.Kubeconfig = filepath.Join(o.StateDir, "kubeconfig")
 	if err := s.Sim.WriteKubeconfig(s.Kubeconfig); err != nil {
 		return nil, err
+	}
+
+	if o.Kueue {
+		s.step("starting Kueue %s: its controller manager, CRDs and webhooks (log in %s)", kueue.Version, filepath.Join(o.StateDir, "kueue", "kueue.log"))
+		if s.Kueue, err = kueue.Start(ctx, kueue.Options{Config: s.Sim.Config, Kubeconfig: s.Kubeconfig, Dir: filepath.Join(o.StateDir, "kueue"), Log: o.Log.With("part", "kueue")}); err != nil {
+			return nil, err
+		}
 	}
 
 	rt, err := rest.TransportFor(s.Sim.Config)
@@ -460,6 +474,9 @@ func (s *Stack) Stop() {
 			_ = s.Hub.Close()
 		}
 		var errs []error
+		if s.Kueue != nil {
+			errs = append(errs, s.Kueue.Stop())
+		}
 		if s.Sim != nil {
 			errs = append(errs, s.Sim.Stop())
 		}

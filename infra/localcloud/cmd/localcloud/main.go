@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string) int {
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	st, err := stack.Start(ctx, stack.Options{Repo: *repo, Tick: *tick, OutputBuckets: []string{s.Output.Bucket}, Log: log, Progress: os.Stdout})
+	st, err := stack.Start(ctx, stack.Options{Repo: *repo, Tick: *tick, OutputBuckets: []string{s.Output.Bucket}, Log: log, Progress: os.Stdout, Kueue: true})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "localcloud: %v\n", err)
 		return 1
