@@ -14,7 +14,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ray-project/kuberay/ray-operator/controllers/ray/utils"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 
@@ -730,5 +732,45 @@ func TestPtrace(t *testing.T) {
 		if h := rc.Spec.HeadGroupSpec.Template.Spec.Containers[0]; h.SecurityContext != nil {
 			t.Errorf("ptrace %v: the head got a security context %+v", on, h.SecurityContext)
 		}
+	}
+}
+
+// TestQueuedRayJob: where Kueue admits runs, an attempt's RayJob embeds the
+// run's own RayCluster (the one the spec's cluster would be, on the
+// attempt's tier) instead of a clusterSelector, is shut down after a delay
+// that leaves time to keep its evidence, is created suspended with its
+// queue and priority labels, and passes KubeRay v1.5.0's own validation of
+// a RayJob (which refuses to suspend one with a clusterSelector, or one
+// that does not shut down its cluster).
+func TestQueuedRayJob(t *testing.T) {
+	s := exampleSpec(t)
+	run := exampleRun(s)
+	run.Tier = 1
+	job := manifests.QueuedRayJob(s, run, fixedCode, "team-a", "production")
+	plain := manifests.RayJob(s, run)
+	if job.Spec.ClusterSelector != nil || job.Spec.RayClusterSpec == nil {
+		t.Fatalf("clusterSelector %v, rayClusterSpec %v: want the cluster embedded", job.Spec.ClusterSelector, job.Spec.RayClusterSpec)
+	}
+	if want := manifests.RayCluster(s, fixedCode, 1).Spec; !equality.Semantic.DeepEqual(*job.Spec.RayClusterSpec, want) {
+		t.Error("the embedded cluster is not the spec's RayCluster on the attempt's tier")
+	}
+	if !job.Spec.Suspend || !job.Spec.ShutdownAfterJobFinishes || job.Spec.TTLSecondsAfterFinished != manifests.QueuedTTL {
+		t.Errorf("suspend %v, shutdownAfterJobFinishes %v, ttl %d", job.Spec.Suspend, job.Spec.ShutdownAfterJobFinishes, job.Spec.TTLSecondsAfterFinished)
+	}
+	if job.Labels[manifests.LabelQueueName] != "team-a" || job.Labels[manifests.LabelPriorityClass] != "production" {
+		t.Errorf("labels %v", job.Labels)
+	}
+	if job.Name != plain.Name || job.Spec.Entrypoint != plain.Spec.Entrypoint || job.Spec.JobId != plain.Spec.JobId || job.Spec.RuntimeEnvYAML != plain.Spec.RuntimeEnvYAML {
+		t.Error("name, entrypoint, submission ID or runtime env differ from the attempt's RayJob")
+	}
+	if _, ok := manifests.QueuedRayJob(s, run, fixedCode, "team-a", "").Labels[manifests.LabelPriorityClass]; ok {
+		t.Error("a priority label without a priority")
+	}
+	if err := utils.ValidateRayJobSpec(job); err != nil {
+		t.Errorf("KubeRay refuses it: %v", err)
+	}
+	plain.Spec.Suspend = true
+	if err := utils.ValidateRayJobSpec(plain); err == nil {
+		t.Error("KubeRay accepts a suspended RayJob with a clusterSelector: the check above cannot fail")
 	}
 }

@@ -21,8 +21,8 @@ const gcPeriod = 500 * time.Millisecond
 
 // collector is the garbage collector for what KubeRay creates: Pods and
 // Services owned by a RayCluster, submitter Jobs and RayClusters owned by
-// a RayJob, and the submitter Jobs' Pods; and, where Kueue runs, the
-// Workloads it made for RayJobs (Kueue leaves a deleted job's Workload to
+// a RayJob, and the submitter Jobs' Pods; and, where Kueue runs
+// (Options.Kueue), the Workloads it made for RayJobs (Kueue leaves a deleted job's Workload to
 // the garbage collector, and its quota is held until the Workload goes).
 // An object whose controlling owner no longer exists (or was replaced by
 // one of the same name) is deleted in the background.
@@ -31,8 +31,10 @@ type collector struct {
 	api    client.Reader // uncached: the owner's absence is confirmed here
 	writer client.Writer
 	log    *slog.Logger
-	// noWorkloadsUntil: the API server served no Workloads (Kueue is not
-	// installed) when last asked; asked again after this.
+	// workloads: Kueue runs, its Workloads are collected too.
+	workloads bool
+	// noWorkloadsUntil: the API server served no Workloads (Kueue's CRDs
+	// not installed yet) when last asked; asked again after this.
 	noWorkloadsUntil time.Time
 }
 
@@ -63,14 +65,14 @@ func (g *collector) sweep(ctx context.Context) {
 	}
 	// Workloads are few: listed from the API server, with no informer on a
 	// CRD that may not be there.
-	if time.Now().Before(g.noWorkloadsUntil) {
+	if !g.workloads || time.Now().Before(g.noWorkloadsUntil) {
 		return
 	}
 	wl := &unstructured.UnstructuredList{}
 	wl.SetGroupVersionKind(workloadList)
 	switch err := g.api.List(ctx, wl); {
 	case meta.IsNoMatchError(err):
-		g.noWorkloadsUntil = time.Now().Add(5 * time.Second)
+		g.noWorkloadsUntil = time.Now().Add(time.Second)
 	case err == nil:
 		g.collect(ctx, wl)
 	}

@@ -63,6 +63,9 @@ type Options struct {
 	// data check (trainer/datacheck.py) for real. Empty: every data check
 	// fails, saying so.
 	Python string
+	// Kueue says Kueue runs against this API server: the garbage
+	// collector then also deletes the Workloads of deleted RayJobs.
+	Kueue bool
 	// Log receives the simulator's records; KubeRay's and
 	// controller-runtime's go to it too, info as Debug and errors as Warn.
 	// Nil discards everything.

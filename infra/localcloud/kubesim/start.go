@@ -240,7 +240,7 @@ func Start(ctx context.Context, o Options) (_ *Sim, err error) {
 		Complete(&jobController{Client: mgr.GetClient(), dash: s.dash, logs: s.logs, subs: map[types.UID]*submitter{}}); err != nil {
 		return nil, fmt.Errorf("kubesim: job controller: %w", err)
 	}
-	if err := mgr.Add(&collector{cache: mgr.GetClient(), api: mgr.GetAPIReader(), writer: mgr.GetClient(), log: o.Log}); err != nil {
+	if err := mgr.Add(&collector{cache: mgr.GetClient(), api: mgr.GetAPIReader(), writer: mgr.GetClient(), log: o.Log, workloads: o.Kueue}); err != nil {
 		return nil, fmt.Errorf("kubesim: garbage collector: %w", err)
 	}
 

@@ -45,7 +45,7 @@ func TestKueueAdmitsAPerRunRayJob(t *testing.T) {
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// The first run trains until it is deleted: its quota stays held.
-	sim, err := kubesim.Start(ctx, kubesim.Options{Log: log, Scenario: func(_ context.Context, job *rayv1.RayJob) kubesim.Scenario {
+	sim, err := kubesim.Start(ctx, kubesim.Options{Log: log, Kueue: true, Scenario: func(_ context.Context, job *rayv1.RayJob) kubesim.Scenario {
 		sc := kubesim.DefaultScenario()
 		if strings.HasPrefix(job.Name, "first") {
 			sc.StepTime = time.Hour
@@ -169,21 +169,13 @@ func TestKueueAdmitsAPerRunRayJob(t *testing.T) {
 	})
 }
 
-// perRun is a run's RayJob as it goes to Kueue: raydrop's RayJob of the
-// default spec, with the run's RayCluster embedded instead of a
-// clusterSelector, shut down when the job ends, created suspended in the
-// team's LocalQueue.
+// perRun is a run's RayJob as it goes to Kueue (manifests.QueuedRayJob):
+// the default spec's, in the team's LocalQueue.
 func perRun(t *testing.T, id string, code manifests.Code) *rayv1.RayJob {
 	t.Helper()
 	s := spec.Defaults()
 	s.Name, s.Cluster.Namespace, s.Output.Bucket = id, ns, "out"
-	job := manifests.RayJob(&s, manifests.Run{ID: id, Attempt: 1})
-	job.Spec.ClusterSelector = nil
-	job.Spec.RayClusterSpec = &manifests.RayCluster(&s, code, 0).Spec
-	job.Spec.ShutdownAfterJobFinishes = true
-	job.Spec.Suspend = true
-	job.Labels["kueue.x-k8s.io/queue-name"] = ns
-	return job
+	return manifests.QueuedRayJob(&s, manifests.Run{ID: id, Attempt: 1}, code, ns, "")
 }
 
 // workloadOf is the Workload Kueue made for a RayJob (nil before it has).

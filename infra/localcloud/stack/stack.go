@@ -273,7 +273,7 @@ func Start(ctx context.Context, o Options) (st *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, StorageHost: s.gcsHost, Python: python, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Log: o.Log.With("part", "kubesim")}); err != nil {
+	if s.Sim, err = kubesim.Start(ctx, kubesim.Options{Storage: s.GCS, StorageHost: s.gcsHost, Python: python, Project: Project, Scenario: s.scenario, Hub: s.Hub.URL(), Kueue: o.Kueue, Log: o.Log.With("part", "kubesim")}); err != nil {
 		return nil, err
 	}
 	s.Kubeconfig = filepath.Join(o.StateDir, "kubeconfig")
