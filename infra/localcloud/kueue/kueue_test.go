@@ -151,9 +151,20 @@ func TestKueueAdmitsAPerRunRayJob(t *testing.T) {
 		return condition(wl, "QuotaReserved") == "False" && strings.Contains(msg, "nvidia.com/gpu"),
 			fmt.Sprintf("%s; the first: %s %s %q, %s", conditions(wl), j.Status.JobDeploymentStatus, j.Status.JobStatus, j.Status.Message, conditions(workloadOf(ctx, t, dyn, first.Name)))
 	})
+	// KubeRay names the cluster of a suspended RayJob in its status, and
+	// creates none.
 	j := &rayv1.RayJob{}
-	if err := sim.Client.Get(ctx, client.ObjectKeyFromObject(second), j); err != nil || !j.Spec.Suspend || j.Status.RayClusterName != "" {
-		t.Errorf("the second RayJob: suspend %v, cluster %q (%v); want suspended, no cluster", j.Spec.Suspend, j.Status.RayClusterName, err)
+	if err := sim.Client.Get(ctx, client.ObjectKeyFromObject(second), j); err != nil || !j.Spec.Suspend {
+		t.Errorf("the second RayJob: suspend %v (%v); want suspended", j.Spec.Suspend, err)
+	}
+	clusters := &rayv1.RayClusterList{}
+	if err := sim.Client.List(ctx, clusters, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range clusters.Items {
+		if metav1.IsControlledBy(&c, j) {
+			t.Errorf("the suspended second RayJob has a RayCluster, %s", c.Name)
+		}
 	}
 
 	if err := sim.Client.Delete(ctx, first, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
