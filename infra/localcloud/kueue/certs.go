@@ -1,22 +1,16 @@
 package kueue
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
+
+	certutil "k8s.io/client-go/util/cert"
 )
 
 // MetricsCertDir is where Kueue v0.17.0 reads its metrics server's
@@ -36,33 +30,23 @@ type pki struct {
 // newPKI writes a fresh CA's serving certificate for 127.0.0.1 and
 // localhost into dir.
 func newPKI(dir string) (*pki, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM, err := serving()
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "raydrop local cloud Kueue CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(30 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	// client-go's certificate is the serving one followed by its CA.
+	certs, err := certutil.ParseCertsPEM(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("kueue: CA certificate: %w", err)
+		return nil, fmt.Errorf("kueue: the generated certificate: %w", err)
 	}
-	ca, err := x509.ParseCertificate(caDER)
+	if len(certs) < 2 || !certs[len(certs)-1].IsCA {
+		return nil, fmt.Errorf("kueue: the generated certificate has no CA (%d certificates)", len(certs))
+	}
+	caPEM, err := certutil.EncodeCertificates(certs[len(certs)-1])
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kueue: %w", err)
 	}
-	certPEM, keyPEM, err := serving(ca, caKey, now)
-	if err != nil {
-		return nil, err
-	}
-	p := &pki{caPEM: pemBlock("CERTIFICATE", caDER), certDir: filepath.Join(dir, "certs")}
+	p := &pki{caPEM: caPEM, certDir: filepath.Join(dir, "certs")}
 	if err := os.MkdirAll(p.certDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -74,40 +58,14 @@ func newPKI(dir string) (*pki, error) {
 	return p, nil
 }
 
-// serving is a certificate for 127.0.0.1 and localhost signed by ca
-// (self-signed when caKey is nil), and its key, in PEM.
-func serving(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(30 * 24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost"},
-	}
-	parent, signer := ca, caKey
-	if caKey == nil {
-		parent, signer = tmpl, key
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+// serving is a certificate for 127.0.0.1 and localhost, signed by a CA of
+// its own, and its key, in PEM.
+func serving() (certPEM, keyPEM []byte, err error) {
+	certPEM, keyPEM, err = certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
 	if err != nil {
 		return nil, nil, fmt.Errorf("kueue: serving certificate: %w", err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
-}
-
-func pemBlock(kind string, der []byte) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der})
+	return certPEM, keyPEM, nil
 }
 
 // ensureMetricsCerts puts a self-signed certificate for 127.0.0.1 in
@@ -135,7 +93,7 @@ func ensureMetricsCerts() error {
 	if _, err := tls.LoadX509KeyPair(crt, key); err == nil {
 		return nil
 	}
-	certPEM, keyPEM, err := serving(nil, nil, time.Now())
+	certPEM, keyPEM, err := serving()
 	if err != nil {
 		return err
 	}
